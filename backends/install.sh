@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Install the servers used by lockkit's integration tests (Debian/Ubuntu, apt).
+# Idempotent: installs only what is missing; prints nothing when all is present.
+#   redis-server, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE
+set -euo pipefail
+
+missing=()
+
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+check() {  # check PACKAGE TEST...
+    local pkg=$1
+    shift
+    if ! pkg_installed "$pkg" || ! "$@" >/dev/null 2>&1; then
+        missing+=("$pkg")
+    fi
+}
+
+have_cmd() { command -v "$1"; }
+
+check redis-server have_cmd redis-server
+check zookeeper test -f /usr/share/java/zookeeper.jar
+check etcd-server have_cmd etcd
+check etcd-client have_cmd etcdctl
+# any working JRE will do; install the headless default only if there is none
+if ! have_cmd java >/dev/null 2>&1 || ! java -version >/dev/null 2>&1; then
+    missing+=(default-jre-headless)
+fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "backends/install.sh: not root, but all test servers are installed; skipping" >&2
+    fi
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "backends/install.sh: missing packages: ${missing[*]}" >&2
+    echo "backends/install.sh: run this script as root (e.g. sudo bash backends/install.sh)" >&2
+    exit 1
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "backends/install.sh: apt-get not found; install manually: ${missing[*]}" >&2
+    exit 1
+fi
+
+echo "backends/install.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# wait for another apt/dpkg run to release its lock instead of failing at once
+apt_opts=(-o DPkg::Lock::Timeout=600)
+apt-get "${apt_opts[@]}" update -q
+apt-get "${apt_opts[@]}" install -y -q "${missing[@]}"
+
+fail=0
+for cmd in redis-server etcd etcdctl java; do
+    if ! command -v "$cmd" >/dev/null 2>&1; then
+        echo "backends/install.sh: $cmd still missing after install" >&2
+        fail=1
+    fi
+done
+if [ ! -f /usr/share/java/zookeeper.jar ]; then
+    echo "backends/install.sh: /usr/share/java/zookeeper.jar still missing after install" >&2
+    fail=1
+fi
+exit "$fail"

@@ -1,0 +1,184 @@
+"""pytest fixtures for lockkit's integration tests.
+
+Enable with ``pytest_plugins = ["backends.pytest_fixtures"]`` in the root conftest.
+
+Session-scoped, shared (do not kill/pause/restart these; clean up your own keys):
+``redis_server``, ``redlock_servers`` (5 masters), ``zookeeper_server``, ``etcd_server``.
+
+Function-scoped factories, for tests that kill, pause or restart a server; every
+server or proxy they create is stopped at teardown, even when the test fails:
+``fresh_redis(**kw)``, ``fresh_redlock(n=5, **kw)``, ``fresh_zookeeper(**kw)``,
+``fresh_etcd(**kw)``, ``fault_proxy(server_or_host, port=None, **kw)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from backends.proxy import FaultProxy
+from backends.servers import (
+    EtcdServer,
+    RedisServer,
+    RedlockServers,
+    Server,
+    ZooKeeperServer,
+)
+
+__all__ = [
+    "etcd_server",
+    "fault_proxy",
+    "fresh_etcd",
+    "fresh_redis",
+    "fresh_redlock",
+    "fresh_zookeeper",
+    "redis_server",
+    "redlock_servers",
+    "zookeeper_server",
+]
+
+S = TypeVar("S", bound=Server)
+
+RedisFactory = Callable[..., RedisServer]
+RedlockFactory = Callable[..., RedlockServers]
+ZooKeeperFactory = Callable[..., ZooKeeperServer]
+EtcdFactory = Callable[..., EtcdServer]
+ProxyFactory = Callable[..., FaultProxy]
+
+
+def _stop_all(objs: list[Any]) -> None:
+    """Stop everything (last started first); re-raise the first error after trying all."""
+    first: BaseException | None = None
+    for obj in reversed(objs):
+        try:
+            obj.stop()
+        except BaseException as exc:
+            first = first or exc
+    objs.clear()
+    if first is not None:
+        raise first
+
+
+def _serve(server: S) -> Iterator[S]:
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------- shared servers
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    yield from _serve(RedisServer())
+
+
+@pytest.fixture(scope="session")
+def redlock_servers() -> Iterator[RedlockServers]:
+    group = RedlockServers(5)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    yield from _serve(ZooKeeperServer())
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    yield from _serve(EtcdServer())
+
+
+# ----------------------------------------------------------------- own instances
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[RedisFactory]:
+    started: list[Any] = []
+
+    def factory(**kwargs: Any) -> RedisServer:
+        server = RedisServer(**kwargs)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield factory
+    finally:
+        _stop_all(started)
+
+
+@pytest.fixture
+def fresh_redlock() -> Iterator[RedlockFactory]:
+    started: list[Any] = []
+
+    def factory(n: int = 5, **kwargs: Any) -> RedlockServers:
+        group = RedlockServers(n, **kwargs)
+        started.append(group)
+        return group.start()
+
+    try:
+        yield factory
+    finally:
+        _stop_all(started)
+
+
+@pytest.fixture
+def fresh_zookeeper() -> Iterator[ZooKeeperFactory]:
+    started: list[Any] = []
+
+    def factory(**kwargs: Any) -> ZooKeeperServer:
+        server = ZooKeeperServer(**kwargs)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield factory
+    finally:
+        _stop_all(started)
+
+
+@pytest.fixture
+def fresh_etcd() -> Iterator[EtcdFactory]:
+    started: list[Any] = []
+
+    def factory(**kwargs: Any) -> EtcdServer:
+        server = EtcdServer(**kwargs)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield factory
+    finally:
+        _stop_all(started)
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[ProxyFactory]:
+    """``fault_proxy(server)`` or ``fault_proxy("127.0.0.1", port)`` -> a started FaultProxy."""
+    started: list[Any] = []
+
+    def factory(target: Server | str, port: int | None = None, **kwargs: Any) -> FaultProxy:
+        if isinstance(target, Server):
+            if port is not None:
+                raise TypeError("give a Server or a host and port, not both")
+            host, target_port = target.host, target.port
+        else:
+            if port is None:
+                raise TypeError("port is required with a host")
+            host, target_port = target, port
+        proxy = FaultProxy(host, target_port, **kwargs)
+        started.append(proxy)
+        return proxy.start()
+
+    try:
+        yield factory
+    finally:
+        _stop_all(started)

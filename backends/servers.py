@@ -1,0 +1,923 @@
+"""Start throw-away Redis, ZooKeeper and etcd servers on loopback for tests.
+
+Every server:
+
+* binds 127.0.0.1 only, on a free port picked at start (a start that loses the
+  port race to another process is retried on a new port);
+* keeps its data and its log in a fresh temporary directory (``.workdir``,
+  ``.data_dir``, ``.log_path``), deleted by :meth:`Server.stop`;
+* is started in its own session (``start_new_session=True``) and is only ever
+  signalled by its own PID (its process group is swept once the leader has
+  exited, while the leader is still an unreaped zombie, so the group id cannot
+  have been reused);
+* is ready when a protocol probe answers (polled every 50 ms, 15 s deadline).
+
+This module is test infrastructure; it is not part of the ``lockkit`` wheel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, ClassVar, TypeVar
+from urllib.parse import quote
+
+__all__ = [
+    "JAVA_DIR",
+    "LOOPBACK",
+    "POLL_INTERVAL",
+    "READY_TIMEOUT",
+    "STOP_TIMEOUT",
+    "EtcdServer",
+    "RedisServer",
+    "RedlockServers",
+    "Server",
+    "ServerError",
+    "ServerNotReady",
+    "ZooKeeperServer",
+    "free_port",
+    "redlock_url",
+    "start_redis_masters",
+    "zookeeper_classpath",
+]
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT = 15.0
+POLL_INTERVAL = 0.05
+STOP_TIMEOUT = 5.0
+JAVA_DIR = Path("/usr/share/java")
+
+#: How many times a start is retried on fresh ports after "address already in use".
+PORT_RETRIES = 5
+LOG_TAIL_LINES = 40
+
+_ADDR_IN_USE = re.compile(r"address already in use|BindException", re.IGNORECASE)
+
+S = TypeVar("S", bound="Server")
+R = TypeVar("R", bound="RedlockServers")
+
+
+class ServerError(RuntimeError):
+    """A test server could not be started or controlled."""
+
+
+class ServerNotReady(ServerError):
+    """A server did not answer its readiness probe in time (message has the log tail)."""
+
+
+# --------------------------------------------------------------------------- ports
+
+_issued_lock = threading.Lock()
+_issued_ports: set[int] = set()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """Return a TCP port that is free on ``host`` right now.
+
+    Binds ``host:0`` and closes the socket, so another process may still grab
+    the port before the caller binds it: servers retry on "address in use".
+    Ports already handed out by this process are not handed out again.
+    """
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+        with _issued_lock:
+            if port not in _issued_ports:
+                _issued_ports.add(port)
+                return port
+    raise ServerError("could not find a free port that was not already handed out")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"<log unavailable: {exc}>"
+    text = data[-16384:].decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise ServerError(f"{name!r} not found on PATH; install it with `python -m backends install`")
+    return path
+
+
+def _clean_env(drop_prefixes: Sequence[str] = ()) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not any(k.startswith(p) for p in drop_prefixes)}
+    env.setdefault("LC_ALL", "C.UTF-8")
+    return env
+
+
+# --------------------------------------------------------------------------- base
+
+
+class Server(ABC):
+    """One server process on 127.0.0.1 with its own temporary directory."""
+
+    #: short name used in logs, temp dir names and ``python -m backends up``
+    name: ClassVar[str] = "server"
+
+    def __init__(
+        self,
+        *,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.host: str = LOOPBACK
+        self.extra_args: list[str] = list(extra_args)
+        self.ready_timeout = ready_timeout
+        #: seconds the last start() took until the probe answered
+        self.ready_seconds: float | None = None
+        self._fixed_port = port is not None
+        self._port: int | None = port
+        self._extra_env: dict[str, str] = dict(env or {})
+        self._tmp_parent = None if tmp_parent is None else os.fspath(tmp_parent)
+        self._workdir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self._paused = False
+
+    # ----------------------------------------------------------- abstract hooks
+
+    @abstractmethod
+    def _command(self) -> list[str]:
+        """argv for the server process (called after ports and dirs are set up)."""
+
+    @abstractmethod
+    def probe(self, timeout: float = 0.5) -> bool:
+        """True if the server answers its protocol health check right now."""
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """lockkit-style backend URL of this server."""
+
+    def _allocate_extra_ports(self) -> None:
+        """Pick any additional ports (e.g. etcd's peer port)."""
+        return None
+
+    def _prepare(self) -> None:
+        """Write config files into the work dir before the process is started."""
+        return None
+
+    def _env(self) -> dict[str, str]:
+        env = _clean_env()
+        env.update(self._extra_env)
+        return env
+
+    # ----------------------------------------------------------- properties
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise ServerError(f"{self.name}: not started")
+        return self._port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise ServerError(f"{self.name}: not started")
+        return self._proc.pid
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise ServerError(f"{self.name}: not started")
+        return self._workdir
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    @property
+    def running(self) -> bool:
+        """True while the process exists (also while paused)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return _log_tail(self.log_path, lines)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        port = self._port if self._port is not None else "?"
+        pid = self._proc.pid if self._proc is not None else "?"
+        return f"<{type(self).__name__} {self.host}:{port} pid={pid} {state}>"
+
+    # ----------------------------------------------------------- lifecycle
+
+    def start(self: S) -> S:
+        """Start the server and block until it answers its probe. Returns self."""
+        if self.running:
+            raise ServerError(f"{self.name}: already running (pid {self.pid})")
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"lockkit-{self.name}-", dir=self._tmp_parent))
+            self.data_dir.mkdir(mode=0o700)
+        try:
+            self._start_with_port_retries()
+        except BaseException:
+            self._cleanup_dir()
+            raise
+        return self
+
+    def _start_with_port_retries(self) -> None:
+        attempts = 1 if self._fixed_port else PORT_RETRIES
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_port:
+                self._port = free_port(self.host)
+                self._allocate_extra_ports()
+            try:
+                self._spawn_and_wait()
+                return
+            except ServerNotReady as exc:
+                in_use = bool(_ADDR_IN_USE.search(str(exc)))
+                if not in_use or attempt == attempts:
+                    raise
+                self._reset_data_dir()
+
+    def _spawn_and_wait(self) -> None:
+        self._prepare()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        log.write(f"=== lockkit: starting {self.name} on {self.host}:{self._port} ===\n".encode())
+        log.flush()
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                self._command(),
+                cwd=self.workdir,
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            log.close()
+            raise
+        self._proc = proc
+        self._log_file = log
+        self._paused = False
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self._terminate()
+            raise
+        self.ready_seconds = time.monotonic() - started
+
+    def _wait_ready(self, started: float) -> None:
+        assert self._proc is not None
+        deadline = started + self.ready_timeout
+        while True:
+            rc = self._proc.poll()
+            if rc is not None:
+                raise ServerNotReady(
+                    f"{self.name} on {self.host}:{self._port} exited with status {rc} before it was ready;"
+                    f" log {self.log_path}:\n{self.log_tail()}"
+                )
+            remaining = deadline - time.monotonic()
+            if self.probe(timeout=max(0.05, min(0.5, remaining))):
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServerNotReady(
+                    f"{self.name} on {self.host}:{self._port} (pid {self._proc.pid}) not ready after"
+                    f" {self.ready_timeout:.1f} s; log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(min(POLL_INTERVAL, remaining))
+
+    def wait_ready(self, timeout: float | None = None) -> float:
+        """Poll the probe until it answers; returns the seconds waited. For use after resume()."""
+        started = time.monotonic()
+        deadline = started + (self.ready_timeout if timeout is None else timeout)
+        while not self.probe(timeout=0.5):
+            if not self.running:
+                raise ServerNotReady(f"{self.name}: process exited; log:\n{self.log_tail()}")
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(f"{self.name}: probe failed until deadline; log:\n{self.log_tail()}")
+            time.sleep(POLL_INTERVAL)
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        """SIGTERM, SIGKILL after 5 s, reap, then delete the temporary directory. Idempotent."""
+        try:
+            self._terminate()
+        finally:
+            self._cleanup_dir()
+
+    def kill(self) -> None:
+        """SIGKILL the server (like a crash) and reap it. Keeps the data dir for restart()."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._finish_process()
+            return
+        self._signal(signal.SIGKILL)
+        self._reap(None)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing."""
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after pause()."""
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    def restart(self: S, keep_data: bool = True) -> S:
+        """Stop (gracefully) if running, then start again on the same port(s).
+
+        With ``keep_data=False`` the data directory is emptied first. Redis runs
+        with ``--save '' --appendonly no`` so it keeps nothing anyway unless
+        extra args enable persistence.
+        """
+        if self.running:
+            self._terminate()
+        else:
+            self._finish_process()
+        if self._workdir is None:
+            raise ServerError(f"{self.name}: restart() after stop(); use start()")
+        if not keep_data:
+            self._reset_data_dir()
+        fixed = self._fixed_port
+        self._fixed_port = True  # same port(s): no re-allocation
+        try:
+            self._restart_same_port()
+        finally:
+            self._fixed_port = fixed
+        return self
+
+    def _restart_same_port(self) -> None:
+        # A port held by a just-killed process is normally free at once (all three
+        # servers use SO_REUSEADDR); retry briefly in case it is still being released.
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                self._spawn_and_wait()
+                return
+            except ServerNotReady as exc:
+                if not _ADDR_IN_USE.search(str(exc)) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    # ----------------------------------------------------------- context manager
+
+    def __enter__(self: S) -> S:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------- internals
+
+    def _signal(self, sig: signal.Signals) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise ServerError(f"{self.name}: not running")
+        os.kill(proc.pid, sig)
+
+    def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None:
+            self._finish_process()
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+                os.kill(proc.pid, signal.SIGCONT)  # a paused server must run to handle SIGTERM
+            if not self._wait_exit_noreap(STOP_TIMEOUT):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+        self._reap(None)
+
+    def _wait_exit_noreap(self, timeout: float | None) -> bool:
+        """Wait until the child has exited but leave it a zombie (its PID stays reserved)."""
+        proc = self._proc
+        assert proc is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if proc.returncode is not None:
+                return True
+            try:
+                info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return True
+            if info is not None:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def _reap(self, timeout: float | None) -> None:
+        proc = self._proc
+        assert proc is not None
+        self._wait_exit_noreap(timeout)
+        if proc.returncode is None:
+            # The leader is a zombie: its PID (= our process group id) cannot have been
+            # reused, so the group contains only processes it forked (e.g. a Redis
+            # BGSAVE child). Kill those, then reap the leader.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self._finish_process()
+
+    def _finish_process(self) -> None:
+        self._paused = False
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def _reset_data_dir(self) -> None:
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.data_dir.mkdir(mode=0o700)
+
+    def _cleanup_dir(self) -> None:
+        self._finish_process()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+class RedisServer(Server):
+    """``redis-server`` without persistence, DEBUG allowed from loopback."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        *,
+        password: str | None = None,
+        db: int = 0,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(
+            extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent
+        )
+        self.password = password
+        self.db = db
+
+    def _command(self) -> list[str]:
+        argv = [
+            _require_binary("redis-server"),
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--protected-mode", "yes",
+            "--save", "",
+            "--appendonly", "no",
+            "--enable-debug-command", "local",
+            "--daemonize", "no",
+            "--dir", str(self.data_dir),
+            "--logfile", "",
+        ]  # fmt: skip
+        if self.password is not None:
+            argv += ["--requirepass", self.password]
+        return argv + self.extra_args
+
+    @property
+    def url(self) -> str:
+        auth = "" if self.password is None else f":{quote(self.password, safe='')}@"
+        return f"redis://{auth}{self.host}:{self.port}/{self.db}"
+
+    def probe(self, timeout: float = 0.5) -> bool:
+        """Raw-socket PING; ``-NOAUTH`` also counts as up when a password is set."""
+        try:
+            with socket.create_connection(self.address, timeout=timeout) as sock:
+                if self.password is not None:
+                    pw = self.password.encode()
+                    sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+                    if not _read_line(sock).startswith(b"+OK"):
+                        return False
+                sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+                return _read_line(sock).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\r\n") and len(buf) < 4096:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+class RedlockServers:
+    """N independent Redis masters (default 5) for Redlock."""
+
+    def __init__(self, n: int = 5, **redis_kwargs: object) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self.n = n
+        self._kwargs = redis_kwargs
+        self.servers: list[RedisServer] = []
+
+    def start(self: R) -> R:
+        try:
+            for _ in range(self.n):
+                server = RedisServer(**self._kwargs)  # type: ignore[arg-type]
+                self.servers.append(server)
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        errors: list[BaseException] = []
+        for server in self.servers:
+            try:
+                server.stop()
+            except Exception as exc:  # keep stopping the others
+                errors.append(exc)
+        self.servers = []
+        if errors:
+            raise errors[0]
+
+    @property
+    def url(self) -> str:
+        return redlock_url(self.servers)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def __iter__(self) -> Iterator[RedisServer]:
+        return iter(self.servers)
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    def __getitem__(self, index: int) -> RedisServer:
+        return self.servers[index]
+
+    def __enter__(self: R) -> R:
+        if not self.servers:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def redlock_url(servers: Sequence[RedisServer], db: int = 0) -> str:
+    """``redlock://h1:p1,h2:p2,.../db`` for a list of Redis servers."""
+    if not servers:
+        raise ValueError("no servers")
+    hosts = ",".join(f"{s.host}:{s.port}" for s in servers)
+    return f"redlock://{hosts}/{db}"
+
+
+def start_redis_masters(n: int = 5, **redis_kwargs: object) -> list[RedisServer]:
+    """Start ``n`` independent Redis masters; on failure, stops the ones already started."""
+    group = RedlockServers(n, **redis_kwargs).start()
+    return list(group.servers)
+
+
+# --------------------------------------------------------------------------- ZooKeeper
+
+# The jars ZooKeeperServerMain (NIO connection factory, no admin server) loads with
+# the Debian packages (checked with -verbose:class): zookeeper, jute, slf4j-api and
+# metrics-core are needed to start; slf4j-log4j12 + log4j-1.2 route the logs to our
+# log file (without a binding slf4j drops them); snappy-java is used for snapshots
+# when present. zookeeper.jar's manifest Class-Path still adds netty/jetty/jackson
+# etc. for optional features (Netty factory, TLS, admin server), all not used here.
+_ZK_REQUIRED_JARS = (
+    "zookeeper.jar",
+    "zookeeper-jute.jar",
+    "slf4j-api.jar",
+    "metrics-core.jar",
+    "slf4j-log4j12.jar",
+    "log4j-1.2.jar",
+)
+_ZK_OPTIONAL_JARS = ("snappy-java.jar",)
+
+_ZK_LOG4J = """\
+log4j.rootLogger=INFO, CONSOLE
+log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender
+log4j.appender.CONSOLE.Target=System.out
+log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout
+log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t:%C{1}@%L] - %m%n
+"""
+
+
+def zookeeper_classpath(java_dir: str | os.PathLike[str] = JAVA_DIR) -> list[str]:
+    """The jars used to run ZooKeeper from the Debian packages.
+
+    ``LOCKKIT_ZOOKEEPER_CLASSPATH`` (os.pathsep separated) overrides the lookup.
+    """
+    override = os.environ.get("LOCKKIT_ZOOKEEPER_CLASSPATH")
+    if override:
+        return [p for p in override.split(os.pathsep) if p]
+    base = Path(java_dir)
+    missing = [j for j in _ZK_REQUIRED_JARS if not (base / j).is_file()]
+    if missing:
+        raise ServerError(
+            f"ZooKeeper jars missing in {base}: {', '.join(missing)};"
+            " install them with `python -m backends install`"
+        )
+    jars = [base / j for j in _ZK_REQUIRED_JARS]
+    jars += [base / j for j in _ZK_OPTIONAL_JARS if (base / j).is_file()]
+    return [str(j) for j in jars]
+
+
+class ZooKeeperServer(Server):
+    """Standalone ZooKeeper (``ZooKeeperServerMain``) with a 200 ms tick.
+
+    ``extra_config`` adds/overrides zoo.cfg keys; ``extra_args`` are extra JVM options.
+    """
+
+    name = "zookeeper"
+
+    def __init__(
+        self,
+        *,
+        tick_time_ms: int = 200,
+        min_session_timeout_ms: int = 400,
+        max_session_timeout_ms: int = 20000,
+        extra_config: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(
+            extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent
+        )
+        self.tick_time_ms = tick_time_ms
+        self.min_session_timeout_ms = min_session_timeout_ms
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self.extra_config: dict[str, str] = dict(extra_config or {})
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "zoo.cfg"
+
+    @property
+    def hosts(self) -> str:
+        """``host:port`` string for kazoo's ``hosts=``."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"zookeeper://{self.host}:{self.port}"
+
+    def _prepare(self) -> None:
+        config = {
+            "tickTime": str(self.tick_time_ms),
+            "initLimit": "10",
+            "syncLimit": "5",
+            "dataDir": str(self.data_dir),
+            "clientPort": str(self.port),
+            "clientPortAddress": self.host,
+            "admin.enableServer": "false",
+            "minSessionTimeout": str(self.min_session_timeout_ms),
+            "maxSessionTimeout": str(self.max_session_timeout_ms),
+            "4lw.commands.whitelist": "*",
+            "maxClientCnxns": "0",
+        }
+        config.update(self.extra_config)
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+        (self.workdir / "log4j.properties").write_text(_ZK_LOG4J)
+
+    def _command(self) -> list[str]:
+        java = _require_binary("java")
+        return [
+            java,
+            "-Xmx256m",
+            "-Xss512k",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:-UsePerfData",  # no /tmp/hsperfdata_* files
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            "-Djava.net.preferIPv4Stack=true",
+            f"-Djava.io.tmpdir={self.workdir}",
+            f"-Dlog4j.configuration=file:{self.workdir / 'log4j.properties'}",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            f"-Dzookeeper.log.dir={self.workdir}",
+            *self.extra_args,
+            "-cp",
+            os.pathsep.join(zookeeper_classpath()),
+            "org.apache.zookeeper.server.ZooKeeperServerMain",
+            str(self.config_path),
+        ]
+
+    def _env(self) -> dict[str, str]:
+        # JVM option env vars from the caller's shell would change heap/agents silently.
+        env = _clean_env(("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH"))
+        env.update(self._extra_env)
+        return env
+
+    def four_letter_word(self, word: str, timeout: float = 1.0) -> str:
+        """Send a ZooKeeper four-letter command (``ruok``, ``srvr``, ``mntr``...) and return the reply."""
+        if len(word) != 4:
+            raise ValueError("four-letter words have four letters")
+        with socket.create_connection(self.address, timeout=timeout) as sock:
+            sock.sendall(word.encode("ascii"))
+            chunks: list[bytes] = []
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    def probe(self, timeout: float = 0.5) -> bool:
+        try:
+            return self.four_letter_word("ruok", timeout=timeout).strip() == "imok"
+        except OSError:
+            return False
+
+
+# --------------------------------------------------------------------------- etcd
+
+_GOARCH = {
+    "x86_64": "amd64",
+    "amd64": "amd64",
+    "aarch64": "arm64",
+    "arm64": "arm64",
+    "ppc64le": "ppc64le",
+    "s390x": "s390x",
+    "i386": "386",
+    "i686": "386",
+    "armv7l": "arm",
+    "riscv64": "riscv64",
+}
+# etcd 3.4 refuses to start on other architectures unless ETCD_UNSUPPORTED_ARCH=<goarch>.
+_ETCD_SUPPORTED_ARCH = {"amd64", "arm64", "ppc64le"}
+
+
+class EtcdServer(Server):
+    """Single-node etcd (v3 API) with client and peer URLs on 127.0.0.1."""
+
+    name = "etcd"
+
+    def __init__(
+        self,
+        *,
+        heartbeat_interval_ms: int | None = None,
+        election_timeout_ms: int | None = None,
+        member_name: str = "n1",
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        peer_port: int | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``heartbeat_interval_ms=10, election_timeout_ms=100`` gives a fast single node."""
+        if (port is None) != (peer_port is None):
+            raise ValueError("give both port and peer_port, or neither")
+        super().__init__(
+            extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent
+        )
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.election_timeout_ms = election_timeout_ms
+        self.member_name = member_name
+        self._peer_port: int | None = peer_port
+
+    def _allocate_extra_ports(self) -> None:
+        self._peer_port = free_port(self.host)
+
+    @property
+    def peer_port(self) -> int:
+        if self._peer_port is None:
+            raise ServerError("etcd: not started")
+        return self._peer_port
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` for ``etcdctl --endpoints`` and gRPC clients."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.host}:{self.port}"
+
+    def _command(self) -> list[str]:
+        argv = [
+            _require_binary("etcd"),
+            "--name", self.member_name,
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", f"{self.member_name}={self.peer_url}",
+            "--initial-cluster-state", "new",
+            "--initial-cluster-token", f"lockkit-{self.port}",
+            "--logger", "zap",
+            "--log-outputs", "stderr",
+        ]  # fmt: skip
+        # No --listen-metrics-urls: metrics stay on the loopback client URL only.
+        if self.heartbeat_interval_ms is not None:
+            argv += ["--heartbeat-interval", str(self.heartbeat_interval_ms)]
+        if self.election_timeout_ms is not None:
+            argv += ["--election-timeout", str(self.election_timeout_ms)]
+        return argv + self.extra_args
+
+    def _env(self) -> dict[str, str]:
+        # ETCD_* variables are read as flags by etcd; never inherit them from the caller.
+        env = _clean_env(("ETCD_", "ETCDCTL_"))
+        goarch = _GOARCH.get(platform.machine().lower())
+        if goarch is not None and goarch not in _ETCD_SUPPORTED_ARCH:
+            env["ETCD_UNSUPPORTED_ARCH"] = goarch
+        env.update(self._extra_env)
+        return env
+
+    def http_get(self, path: str, timeout: float = 1.0) -> tuple[int, bytes]:
+        """GET on the client URL (no proxy env is consulted)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def probe(self, timeout: float = 0.5) -> bool:
+        """``GET /health`` answers ``{"health":"true"}`` once a leader is elected."""
+        try:
+            status, body = self.http_get("/health", timeout=timeout)
+        except (OSError, http.client.HTTPException):
+            return False
+        return status == 200 and b'"true"' in body
+
+    def version(self) -> str:
+        """Server version from ``GET /version``."""
+        _, body = self.http_get("/version")
+        match = re.search(rb'"etcdserver"\s*:\s*"([^"]+)"', body)
+        return match.group(1).decode() if match else body.decode(errors="replace")
+
+    def etcdctl_env(self) -> dict[str, str]:
+        """Environment for running ``etcdctl`` against this server (v3 API, no proxies)."""
+        env = _clean_env(("ETCD_", "ETCDCTL_", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"))
+        env.pop("all_proxy", None)
+        env.pop("ALL_PROXY", None)
+        env["ETCDCTL_API"] = "3"
+        env["ETCDCTL_ENDPOINTS"] = self.endpoint
+        return env

@@ -1,0 +1,97 @@
+"""A backend as a locker holds it: a named driver, its statistics, and its live leases.
+
+The backend is also the :class:`~lockkit.driver.LeaseEvents` sink of its
+driver: a session-bound driver (ZooKeeper, etcd) reports "the session is
+suspended / lost / back" by token, and the backend finds the lease it concerns.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Generic, TypeVar
+
+from .driver import AsyncDriver, Driver, Guarantees
+from .errors import LockError
+from .lease import Lease
+from .metrics import BackendStats
+from .timing import Clock
+
+__all__ = ["Backend"]
+
+D = TypeVar("D", Driver, AsyncDriver)
+
+
+class Backend(Generic[D]):
+    """One configured backend of a locker (sync or async, by its driver)."""
+
+    def __init__(self, name: str, shown_url: str, clock: Clock) -> None:
+        self.name = name
+        self.shown_url = shown_url  # password already masked
+        self.clock = clock
+        self.stats = BackendStats(name)
+        self._driver: D | None = None
+        self._closed = False
+        self._leases: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        self._mutex = threading.Lock()
+
+    def attach(self, driver: D) -> None:
+        self._driver = driver
+
+    @property
+    def driver(self) -> D:
+        if self._closed or self._driver is None:
+            raise LockError(
+                f"backend {self.name!r} ({self.shown_url}) is closed; open a new locker with lockkit.connect()"
+            )
+        return self._driver
+
+    @property
+    def guarantees(self) -> Guarantees:
+        return self.driver.guarantees
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def mark_closed(self) -> D | None:
+        self._closed = True
+        return self._driver
+
+    # -- lease registry ------------------------------------------------------------------
+
+    def track(self, lease: Lease) -> None:
+        with self._mutex:
+            self._leases[lease.token] = lease
+
+    def forget(self, lease: Lease) -> None:
+        with self._mutex:
+            self._leases.pop(lease.token, None)
+
+    def live_leases(self) -> list[Lease]:
+        with self._mutex:
+            return list(self._leases.values())
+
+    def _find(self, token: str) -> Lease | None:
+        with self._mutex:
+            return self._leases.get(token)
+
+    # -- LeaseEvents -------------------------------------------------------------------------
+
+    def lost(self, token: str, reason: str) -> None:
+        lease = self._find(token)
+        if lease is not None and lease.mark_lost(reason):
+            self.stats.count("losses")
+
+    def uncertain(self, token: str, reason: str) -> None:
+        lease = self._find(token)
+        if lease is not None:
+            lease.mark_uncertain(reason)
+
+    def restored(self, token: str) -> None:
+        lease = self._find(token)
+        if lease is not None:
+            lease.mark_restored()
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r}, {self.shown_url!r}{', closed' if self._closed else ''})"

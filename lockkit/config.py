@@ -1,0 +1,195 @@
+"""Configuration: one URL, or a ``lockkit.toml`` with named backends, routes and a default.
+
+::
+
+    default = "fast"
+    [backends.fast]
+    url = "redis://cache:6379/0"
+    [backends.strong]
+    url = "etcd://etcd-1:2379,etcd-2:2379"
+    key_prefix = "orders/"          # any other key is a driver option, as in the URL's query
+    [routes]                        # first match wins; glob on the lock name
+    "payment:*" = "strong"
+
+Where the settings come from, in order: an explicit URL; ``LOCKKIT_URL``;
+the file named by ``LOCKKIT_CONFIG``; ``./lockkit.toml``; otherwise the
+embedded ``file://`` backend in a per-user state directory.
+
+Strings may use ``${VAR}`` (and ``$$`` for a literal ``$``): secrets come from
+the environment and never need to be written in the file. Everything is
+checked at load time; errors name the file, the key and what was expected,
+and never show a secret.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .urls import redact
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = ["BackendSpec", "Settings", "default_state_dir", "load_file", "resolve_settings", "settings_for_url"]
+
+DEFAULT_BACKEND = "default"
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|\$)")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    url: str = field(repr=False)
+    options: Mapping[str, str] = field(default_factory=dict)
+    migrate: Mapping[str, str] | None = None
+
+    def __repr__(self) -> str:
+        return f"BackendSpec({self.name!r}, {redact(self.url)!r})"
+
+
+@dataclass(frozen=True)
+class Settings:
+    backends: Mapping[str, BackendSpec]
+    routes: tuple[tuple[str, str], ...] = ()
+    default: str = DEFAULT_BACKEND
+    source: str = "<url>"
+
+    def route(self, name: str, backend: str | None = None) -> str:
+        """The backend name a lock name goes to: explicit override, first matching route, else the default."""
+        if backend is not None:
+            if backend not in self.backends:
+                known = ", ".join(sorted(self.backends))
+                raise ConfigError(f"no backend named {backend!r} in {self.source}; configured: {known}")
+            return backend
+        for pattern, target in self.routes:
+            if fnmatch.fnmatchcase(name, pattern):
+                return target
+        return self.default
+
+
+def default_state_dir() -> Path:
+    """Where the embedded ``file://`` default keeps its lock files (per user)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "lockkit" / "locks"
+
+
+def settings_for_url(url: str, source: str = "<url>") -> Settings:
+    return Settings({DEFAULT_BACKEND: BackendSpec(DEFAULT_BACKEND, url)}, (), DEFAULT_BACKEND, source)
+
+
+def _expand(value: str, where: str, env: Mapping[str, str]) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        var = match.group(1)
+        if var is None:
+            return "$"
+        if var not in env:
+            raise ConfigError(f"{where} uses ${{{var}}}, but the environment variable {var} is not set")
+        return env[var]
+
+    return _VAR.sub(substitute, value)
+
+
+def _scalar(value: Any, where: str, env: Mapping[str, str]) -> str:
+    if isinstance(value, str):
+        return _expand(value, where, env)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    raise ConfigError(f"{where} must be a string, number or boolean, got {type(value).__name__}")
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
+    return value
+
+
+def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    unknown = set(data) - {"default", "backends", "routes"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key {sorted(unknown)[0]!r}; expected default, backends, routes")
+    backends: dict[str, BackendSpec] = {}
+    for name, raw in _table(data.get("backends", {}), f"{source}: [backends]").items():
+        where = f"{source}: [backends.{name}]"
+        if not _NAME.match(name):
+            raise ConfigError(f"{where}: backend names use letters, digits, '_', '-' and '.'")
+        table = _table(raw, where)
+        if "migrate" in table:
+            migrate = _table(table["migrate"], f"{where} migrate")
+            extra = set(table) - {"migrate"}
+            if extra:
+                raise ConfigError(f"{where}: a migrate backend takes only 'migrate', not {sorted(extra)[0]!r}")
+            spec = {k: _scalar(v, f"{where} migrate.{k}", env) for k, v in migrate.items()}
+            backends[name] = BackendSpec(name, "migrate://", {}, spec)
+            continue
+        if "url" not in table:
+            raise ConfigError(f"{where}: missing 'url' (e.g. url = \"redis://localhost:6379/0\")")
+        url = _scalar(table["url"], f"{where} url", env)
+        options = {k: _scalar(v, f"{where} {k}", env) for k, v in table.items() if k != "url"}
+        backends[name] = BackendSpec(name, url, options)
+    if not backends:
+        raise ConfigError(f"{source}: no backends configured; add a [backends.NAME] table with a url")
+    default = data.get("default")
+    if default is None:
+        if len(backends) != 1:
+            raise ConfigError(f"{source}: several backends but no 'default'; set default = \"NAME\"")
+        default = next(iter(backends))
+    if not isinstance(default, str) or default not in backends:
+        raise ConfigError(f"{source}: default = {default!r} names no backend; configured: {', '.join(sorted(backends))}")
+    routes: list[tuple[str, str]] = []
+    for pattern, target in _table(data.get("routes", {}), f"{source}: [routes]").items():
+        if not isinstance(target, str) or target not in backends:
+            raise ConfigError(
+                f"{source}: [routes] {pattern!r} = {target!r} names no backend; "
+                f"configured: {', '.join(sorted(backends))}"
+            )
+        routes.append((pattern, target))
+    for name, spec in backends.items():
+        if spec.migrate is not None:
+            for role in ("from", "to"):
+                ref = spec.migrate.get(role)
+                if ref not in backends or ref == name:
+                    raise ConfigError(f"{source}: [backends.{name}] migrate.{role} = {ref!r} names no other backend")
+    return Settings(backends, tuple(routes), default, source)
+
+
+def load_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Settings:
+    source = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {source} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {source}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from None
+    return parse_settings(data, source, env)
+
+
+def resolve_settings(url: str | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Find the settings a bare ``lockkit.connect()`` uses (see the module docstring for the order)."""
+    env = os.environ if env is None else env
+    if url is not None:
+        return settings_for_url(url)
+    if env.get("LOCKKIT_URL"):
+        return settings_for_url(env["LOCKKIT_URL"], "LOCKKIT_URL")
+    if env.get("LOCKKIT_CONFIG"):
+        return load_file(env["LOCKKIT_CONFIG"], env)
+    local = Path("lockkit.toml")
+    if local.is_file():
+        return load_file(local, env)
+    return settings_for_url(default_state_dir().as_uri(), "embedded default")

@@ -1,0 +1,1 @@
+"""Built-in drivers, one module per backend. Import nothing here: drivers load lazily by scheme."""

@@ -1,0 +1,196 @@
+"""The Lease: what a holder knows about its hold on a lock, on a monotonic clock.
+
+A lease moves through one small state machine::
+
+    HELD ──(renewal fails / server says gone / deadline passes)──► LOST
+    HELD ──(session suspended)──► UNCERTAIN ──(reconnected, still ours)──► HELD
+    HELD / UNCERTAIN ──(released)──► RELEASED
+
+``valid`` is true only while the state is HELD, the monotonic clock is before
+:attr:`Lease.expires_at`, and we are in the process that acquired it (a forked
+child never inherits a lock). Checking validity never touches the network, so
+:meth:`Lease.ensure_valid` answers even when the server is unreachable.
+
+The object is live: auto-renewal moves ``expires_at`` forward, and loss is seen
+by every holder of the reference (the ``with`` block's ``lease`` included).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from .errors import LockLost
+from .timing import Clock, lease_deadline
+
+__all__ = ["Lease", "LeaseState", "token_hint"]
+
+log = logging.getLogger("lockkit")
+
+
+def token_hint(token: str) -> str:
+    """A short, non-reversible tag for a token (tokens are capabilities: never log them)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:8]
+
+
+class LeaseState(enum.Enum):
+    HELD = "held"
+    UNCERTAIN = "uncertain"
+    LOST = "lost"
+    RELEASED = "released"
+
+
+LostCallback = Callable[["Lease"], None]
+
+
+class Lease:
+    """One acquisition of one lock."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        token: str,
+        fencing_token: int,
+        ttl: float,
+        sent_at: float,
+        clock: Clock,
+        backend: str = "default",
+        on_lost: list[LostCallback] | None = None,
+    ) -> None:
+        self.name = name
+        self.token = token
+        self.fencing_token = fencing_token
+        self.backend = backend
+        self.acquired_at = sent_at
+        self._clock = clock
+        self._ttl = ttl
+        self._expires_at = lease_deadline(sent_at, ttl)
+        self._state = LeaseState.HELD
+        self._reason: str | None = None
+        self._callbacks: list[LostCallback] = list(on_lost or ())
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+
+    # -- what holders read -------------------------------------------------------------
+
+    @property
+    def ttl(self) -> float:
+        """The effective TTL of the last grant or renewal, after the backend's rounding."""
+        return self._ttl
+
+    @property
+    def expires_at(self) -> float:
+        """Monotonic instant after which the lease must not be trusted (send time + ttl − drift)."""
+        return self._expires_at
+
+    @property
+    def state(self) -> LeaseState:
+        live = self._state in (LeaseState.HELD, LeaseState.UNCERTAIN)
+        if live and self._clock() >= self._expires_at:
+            return LeaseState.LOST
+        return self._state
+
+    @property
+    def lost_reason(self) -> str | None:
+        if self._reason is None and self.state is LeaseState.LOST:
+            return "the lease's TTL passed without a successful renewal"
+        return self._reason
+
+    @property
+    def valid(self) -> bool:
+        return (
+            self._state is LeaseState.HELD
+            and self._clock() < self._expires_at
+            and os.getpid() == self._pid
+        )
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0 once invalid). Never uses the wall clock."""
+        if not self.valid:
+            return 0.0
+        return max(0.0, self._expires_at - self._clock())
+
+    def ensure_valid(self) -> None:
+        """Raise :class:`LockLost` unless the lease is valid now. No network I/O."""
+        if self.valid:
+            return
+        if os.getpid() != self._pid:
+            raise LockLost(f"lock {self.name!r} was acquired by process {self._pid}, not this one")
+        if self._state is LeaseState.RELEASED:
+            raise LockLost(f"lock {self.name!r} was released")
+        if self._state is LeaseState.UNCERTAIN:
+            raise LockLost(f"lock {self.name!r} is uncertain: {self._reason}; do not act until it is restored")
+        raise LockLost(f"lock {self.name!r} was lost: {self.lost_reason}")
+
+    def add_lost_callback(self, callback: LostCallback) -> None:
+        """Call ``callback(lease)`` once when the lease is lost (at once if it already is)."""
+        with self._mutex:
+            if self._state is not LeaseState.LOST:
+                self._callbacks.append(callback)
+                return
+        self._call(callback)
+
+    @property
+    def owner_pid(self) -> int:
+        return self._pid
+
+    def __repr__(self) -> str:
+        return (
+            f"Lease(name={self.name!r}, backend={self.backend!r}, token=<{token_hint(self.token)}…>, "
+            f"fencing_token={self.fencing_token}, ttl={self._ttl:g}, state={self.state.value}, "
+            f"remaining={self.remaining():.3f})"
+        )
+
+    # -- what the front end and the renewal scheduler call ------------------------------
+
+    def extend(self, sent_at: float, ttl: float) -> bool:
+        """Record a successful renewal that was sent at ``sent_at``. False if the lease is already over."""
+        with self._mutex:
+            if self._state not in (LeaseState.HELD, LeaseState.UNCERTAIN):
+                return False
+            if self._state is LeaseState.HELD and self._clock() >= self._expires_at:
+                return False  # a renewal that comes back after the deadline must not revive the lease
+            self._ttl = ttl
+            self._expires_at = max(self._expires_at, lease_deadline(sent_at, ttl))
+            return True
+
+    def mark_uncertain(self, reason: str) -> None:
+        with self._mutex:
+            if self._state is LeaseState.HELD:
+                self._state = LeaseState.UNCERTAIN
+                self._reason = reason
+
+    def mark_restored(self) -> None:
+        with self._mutex:
+            if self._state is LeaseState.UNCERTAIN:
+                self._state = LeaseState.HELD
+                self._reason = None
+
+    def mark_released(self) -> None:
+        with self._mutex:
+            if self._state in (LeaseState.HELD, LeaseState.UNCERTAIN):
+                self._state = LeaseState.RELEASED
+
+    def mark_lost(self, reason: str) -> bool:
+        """Move to LOST and fire the callbacks once. False if it was already over."""
+        with self._mutex:
+            if self._state in (LeaseState.LOST, LeaseState.RELEASED):
+                return False
+            self._state = LeaseState.LOST
+            self._reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        log.warning("lockkit: lock %r lost (%s)", self.name, reason)
+        for callback in callbacks:
+            self._call(callback)
+        return True
+
+    def _call(self, callback: LostCallback) -> None:
+        try:
+            callback(self)
+        except Exception:  # a user callback must not stop the scheduler; its failure is still shown
+            log.exception("lockkit: on_lost callback for %r raised", self.name)

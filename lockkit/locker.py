@@ -1,0 +1,279 @@
+"""Lockers: the entry point that routes lock names to configured backends.
+
+:class:`Locker` (blocking) and :class:`AsyncLocker` (asyncio) share routing,
+backend set-up and statistics through :class:`_LockerBase`; they differ only
+in how they open drivers and await them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from .aio import AsyncLock
+from .backend import Backend
+from .config import BackendSpec, Settings, load_file, resolve_settings
+from .driver import AsyncDriver, Driver, DriverContext, HolderInfo
+from .errors import ConfigError, LockError
+from .lease import LostCallback
+from .lock import DEFAULT_TTL, Lock, LockCore
+from .names import validate_name
+from .registry import open_async_driver, open_driver
+from .timing import Clock, default_clock
+from .urls import BackendURL, parse_url
+
+__all__ = ["AsyncLocker", "Locker", "connect", "connect_async", "from_config", "from_config_async"]
+
+log = logging.getLogger("lockkit")
+
+D = TypeVar("D", Driver, AsyncDriver)
+
+
+def _backend_url(spec: BackendSpec, source: str) -> BackendURL:
+    try:
+        url = parse_url(spec.url)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: backend {spec.name!r}: {exc}") from None
+    if spec.options:
+        merged = dict(url.options)
+        for key, value in spec.options.items():
+            if key in merged:
+                raise ConfigError(f"{source}: backend {spec.name!r}: option {key!r} is set in both url and table")
+            merged[key] = value
+        url = BackendURL(url.scheme, url.hosts, url.path, url.username, url.password, merged)
+    return url
+
+
+class _LockerBase(Generic[D]):
+    def __init__(self, settings: Settings, clock: Clock | None) -> None:
+        self.settings = settings
+        self.clock = clock or default_clock
+        self._backends: dict[str, Backend[D]] = {}
+        self._closed = False
+        migrating = [s.name for s in settings.backends.values() if s.migrate is not None]
+        if migrating:
+            raise ConfigError(
+                f"{settings.source}: backend {migrating[0]!r} uses 'migrate', which this version of lockkit "
+                "does not support yet; point call sites at one backend"
+            )
+        try:
+            for spec in settings.backends.values():
+                url = _backend_url(spec, settings.source)
+                backend: Backend[D] = Backend(spec.name, str(url), self.clock)
+                try:
+                    driver = self._open(url, DriverContext(clock=self.clock, events=backend))
+                except ConfigError as exc:
+                    raise ConfigError(f"{settings.source}: backend {spec.name!r}: {exc}") from None
+                backend.attach(driver)
+                self._backends[spec.name] = backend
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _open(self, url: BackendURL, ctx: DriverContext) -> D:
+        raise NotImplementedError
+
+    def _abandon(self) -> None:
+        """Close what a failed constructor already opened (best effort, synchronous drivers only)."""
+        for backend in self._backends.values():
+            driver = backend.mark_closed()
+            close = getattr(driver, "close", None)
+            if close is not None and isinstance(driver, Driver):
+                try:
+                    close()
+                except Exception:
+                    log.debug("lockkit: closing a half-opened backend failed", exc_info=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LockError("this locker is closed; open a new one with lockkit.connect()")
+
+    def backend_for(self, name: str, backend: str | None = None) -> Backend[D]:
+        self._check_open()
+        return self._backends[self.settings.route(validate_name(name), backend)]
+
+    def backends(self) -> list[str]:
+        return list(self._backends)
+
+    def _core(self, name: object, ttl: object, backend: str | None, **kwargs: Any) -> LockCore:
+        valid = validate_name(name)
+        return LockCore(self.backend_for(valid, backend), valid, ttl, **kwargs)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per backend: acquisitions, timeouts, errors, renewals, losses, wait and hold quantiles."""
+        return {name: backend.stats.snapshot() for name, backend in self._backends.items()}
+
+    def guarantees(self) -> dict[str, Any]:
+        return {name: backend.guarantees for name, backend in self._backends.items()}
+
+    def describe(self) -> dict[str, str]:
+        """Backend name → URL with the password masked."""
+        return {name: backend.shown_url for name, backend in self._backends.items()}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={b.shown_url}" for n, b in self._backends.items())
+        return f"{type(self).__name__}({shown}{', closed' if self._closed else ''})"
+
+
+class Locker(_LockerBase[Driver]):
+    """Blocking locker. Use :func:`connect` or :func:`from_config` to make one."""
+
+    def _open(self, url: BackendURL, ctx: DriverContext) -> Driver:
+        return open_driver(url, ctx)
+
+    def lock(
+        self,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: str | None = None,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
+        timeout: float | None = None,
+    ) -> Lock:
+        """A handle on lock ``name`` (nothing is sent to the server until you acquire it)."""
+        return Lock(
+            self._core(name, ttl, backend, auto_renew=auto_renew, on_lost=on_lost, max_hold=max_hold,
+                       timeout=timeout)
+        )
+
+    def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
+        return self.backend_for(name, backend).driver.holder(name)
+
+    def force_release(self, name: str, *, backend: str | None = None) -> bool:
+        """Administrative: delete the lock whoever holds it (their next renew reports it lost)."""
+        target = self.backend_for(name, backend)
+        done = target.driver.force_release(name)
+        log.warning("lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done)
+        return done
+
+    def check(self) -> dict[str, float | LockError]:
+        """Round-trip time in seconds per backend, or the error that reaching it raised."""
+        self._check_open()
+        out: dict[str, float | LockError] = {}
+        for name, backend in self._backends.items():
+            start = self.clock()
+            try:
+                backend.driver.ping()
+                out[name] = self.clock() - start
+            except LockError as exc:
+                out[name] = exc
+        return out
+
+    def close(self) -> None:
+        """Release nothing, close every backend's connections. Held leases stop renewing and are lost."""
+        if self._closed:
+            return
+        self._closed = True
+        for backend in self._backends.values():
+            leases = backend.live_leases()
+            driver = backend.mark_closed()
+            for lease in leases:
+                lease.mark_lost("its locker was closed")
+            if driver is not None:
+                driver.close()
+
+    def __enter__(self) -> Locker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncLocker(_LockerBase[AsyncDriver]):
+    """Asyncio locker. Use :func:`connect_async` or :func:`from_config_async` to make one."""
+
+    def _open(self, url: BackendURL, ctx: DriverContext) -> AsyncDriver:
+        return open_async_driver(url, ctx)
+
+    def lock(
+        self,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: str | None = None,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
+        timeout: float | None = None,
+    ) -> AsyncLock:
+        return AsyncLock(
+            self._core(name, ttl, backend, auto_renew=auto_renew, on_lost=on_lost, max_hold=max_hold,
+                       timeout=timeout)
+        )
+
+    async def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
+        return await self.backend_for(name, backend).driver.holder(name)
+
+    async def force_release(self, name: str, *, backend: str | None = None) -> bool:
+        target = self.backend_for(name, backend)
+        done = await target.driver.force_release(name)
+        log.warning("lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done)
+        return done
+
+    async def check(self) -> dict[str, float | LockError]:
+        self._check_open()
+        out: dict[str, float | LockError] = {}
+        for name, backend in self._backends.items():
+            start = self.clock()
+            try:
+                await backend.driver.ping()
+                out[name] = self.clock() - start
+            except LockError as exc:
+                out[name] = exc
+        return out
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for backend in self._backends.values():
+            leases = backend.live_leases()
+            driver = backend.mark_closed()
+            for lease in leases:
+                lease.mark_lost("its locker was closed")
+            if driver is not None:
+                await driver.close()
+
+    async def __aenter__(self) -> AsyncLocker:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def connect(url: str | None = None, *, clock: Clock | None = None) -> Locker:
+    """A blocking locker for ``url``, or from ``LOCKKIT_URL`` / ``lockkit.toml`` / the embedded default."""
+    return Locker(resolve_settings(url), clock)
+
+
+def connect_async(url: str | None = None, *, clock: Clock | None = None) -> AsyncLocker:
+    """The asyncio twin of :func:`connect` (use it as ``async with``, or call ``aclose()``)."""
+    return AsyncLocker(resolve_settings(url), clock)
+
+
+def from_config(path: str | os.PathLike[str] | Mapping[str, Any], *, clock: Clock | None = None) -> Locker:
+    """A blocking locker from a ``lockkit.toml`` path (or an already-parsed mapping)."""
+    return Locker(_settings(path), clock)
+
+
+def from_config_async(path: str | os.PathLike[str] | Mapping[str, Any], *, clock: Clock | None = None) -> AsyncLocker:
+    return AsyncLocker(_settings(path), clock)
+
+
+def _settings(path: str | os.PathLike[str] | Mapping[str, Any]) -> Settings:
+    if isinstance(path, Mapping):
+        from .config import parse_settings
+
+        return parse_settings(path, "<mapping>")
+    return load_file(path)
+
+

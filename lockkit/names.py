@@ -1,0 +1,64 @@
+"""Lock names: validation and the one name→key encoding every driver shares.
+
+A name is any non-empty ``str`` of at most 512 UTF-8 bytes. Names are compared
+byte for byte: they are *not* Unicode-normalised, so NFC and NFD spellings of
+the same text are two different locks (normalising would silently merge locks
+that other languages' clients keep apart).
+
+Drivers whose keys are binary-safe (Redis, etcd) use the UTF-8 bytes as they
+are. Drivers with a restricted alphabet (ZooKeeper paths, file names) use
+:func:`encode_name`, a percent-encoding that is injective, so two distinct names
+never share a key, and that other languages can reproduce in a few lines.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidLockName
+
+__all__ = ["MAX_NAME_BYTES", "encode_name", "validate_name"]
+
+MAX_NAME_BYTES = 512
+
+# Kept as they are; every other byte of the UTF-8 encoding becomes %XX (upper-case hex).
+# "." is *not* kept so that "." and ".." can never appear as a path component.
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~:")
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid lock name, else raise :class:`InvalidLockName`."""
+    if not isinstance(name, str):
+        raise InvalidLockName(
+            f"lock name must be a str, got {type(name).__name__}; decode bytes before passing them"
+        )
+    if not name:
+        raise InvalidLockName("lock name must not be empty")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidLockName(
+            "lock name is not encodable as UTF-8 (it contains a lone surrogate); pass valid text"
+        ) from exc
+    if size > MAX_NAME_BYTES:
+        raise InvalidLockName(
+            f"lock name is {size} UTF-8 bytes; the limit is {MAX_NAME_BYTES}: hash long names first"
+        )
+    return name
+
+
+def encode_name(name: str) -> str:
+    """Percent-encode a validated name into ``[A-Za-z0-9_~:%-]`` (injective, reversible)."""
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in name.encode("utf-8"))
+
+
+def decode_name(encoded: str) -> str:
+    """Inverse of :func:`encode_name`."""
+    out = bytearray()
+    i = 0
+    while i < len(encoded):
+        if encoded[i] == "%":
+            out.append(int(encoded[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(ord(encoded[i]))
+            i += 1
+    return out.decode("utf-8")

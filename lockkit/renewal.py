@@ -1,0 +1,286 @@
+"""Shared renewal: one scheduler per process (thread) and one per event loop (task).
+
+Every held lease is entered in a :class:`RenewalBook`, the pure core that both
+schedulers share. The book answers two questions on a monotonic clock: which
+leases are due for renewal now (grouped by backend, so each backend gets one
+batch: one Redis pipeline, one etcd keepalive), and which leases passed their
+deadline without a successful renewal (they are lost *now*, even if a renewal
+call is still hanging on a dead connection).
+
+Renewal is due at about a third of the TTL after the last successful send;
+leases due within a tenth of their TTL are pulled into the same batch so that
+thousands of leases cost a few wake-ups a second, not thousands. A failed
+renewal attempt (connection error) is retried until the deadline; a renewal
+the server refuses (our token is gone) loses the lease at once. ``max_hold``
+stops auto-renewal after that long, so a stuck holder cannot keep a lock
+forever.
+
+The schedulers never run renewal I/O on their own thread or task: a hanging
+call must not delay the deadline watchdog. The thread scheduler hands each
+backend's batch to a small worker pool (at most one batch in flight per
+backend); the async scheduler starts a task per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .driver import Grant, RenewRequest
+from .lease import Lease, LeaseState
+from .metrics import BackendStats
+from .timing import Clock
+
+__all__ = ["AsyncRenewalScheduler", "RenewalBook", "RenewalScheduler", "async_scheduler", "scheduler"]
+
+log = logging.getLogger("lockkit")
+
+RENEW_FRACTION = 1 / 3
+COALESCE_FRACTION = 0.1
+RETRY_FRACTION = 0.1
+MAX_RETRY_DELAY = 1.0
+
+
+class RenewTarget(Hashable, Protocol):
+    """The backend a lease lives on, as the scheduler sees it."""
+
+    stats: BackendStats
+
+
+@dataclass(eq=False)
+class Entry:
+    lease: Lease
+    target: Any
+    requested_ttl: float
+    auto_renew: bool
+    stop_renewing_at: float | None
+    next_renew: float
+    in_flight: bool = False
+    sent_at: float = field(default=0.0)
+
+
+class RenewalBook:
+    """Pure bookkeeping of held leases: due renewals, passed deadlines, applying results."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._entries: dict[int, Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(
+        self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None
+    ) -> None:
+        stop = None if max_hold is None else lease.acquired_at + max_hold
+        next_renew = lease.acquired_at + lease.ttl * RENEW_FRACTION
+        self._entries[id(lease)] = Entry(lease, target, requested_ttl, auto_renew, stop, next_renew)
+
+    def remove(self, lease: Lease) -> None:
+        self._entries.pop(id(lease), None)
+
+    def take_due(self, now: float) -> tuple[dict[Any, list[Entry]], list[Entry]]:
+        """Mark due entries in flight and return them by target; also the entries past their deadline."""
+        batches: dict[Any, list[Entry]] = {}
+        expired: list[Entry] = []
+        busy = {e.target for e in self._entries.values() if e.in_flight}
+        for key, entry in list(self._entries.items()):
+            state = entry.lease.state
+            if state in (LeaseState.LOST, LeaseState.RELEASED):
+                expired.append(entry)  # mark_lost is idempotent: already-fired leases are skipped there
+                del self._entries[key]
+                continue
+            if not entry.auto_renew or entry.in_flight or entry.target in busy:
+                continue
+            if entry.stop_renewing_at is not None and now >= entry.stop_renewing_at:
+                continue
+            if entry.next_renew <= now + entry.lease.ttl * COALESCE_FRACTION:
+                entry.in_flight = True
+                entry.sent_at = now
+                batches.setdefault(entry.target, []).append(entry)
+        return batches, expired
+
+    def next_wakeup(self) -> float | None:
+        times: list[float] = []
+        for entry in self._entries.values():
+            times.append(entry.lease.expires_at)
+            renewing = entry.auto_renew and not entry.in_flight
+            if renewing and (entry.stop_renewing_at is None or entry.next_renew < entry.stop_renewing_at):
+                times.append(entry.next_renew)
+        return min(times) if times else None
+
+    def apply(self, batch: Sequence[Entry], results: Sequence[Grant | None | BaseException]) -> None:
+        """Record a batch's outcome: extend, lose, or schedule a retry."""
+        now = self.clock()
+        for entry, result in zip(batch, results):
+            entry.in_flight = False
+            lease = entry.lease
+            stats: BackendStats = entry.target.stats
+            if isinstance(result, Grant):
+                if lease.extend(result.sent_at, result.ttl):
+                    stats.count("renewals")
+                    entry.next_renew = result.sent_at + result.ttl * RENEW_FRACTION
+                elif lease.state is LeaseState.LOST:
+                    lease.mark_lost(lease.lost_reason or "renewal came back after the lease's deadline")
+                continue
+            if result is None:
+                stats.count("renewal_failures")
+                if lease.mark_lost("the server no longer holds our token (expired, evicted or taken)"):
+                    stats.count("losses")
+                continue
+            stats.count("renewal_failures")
+            log.warning("lockkit: renewing %r failed, retrying until its deadline: %s", lease.name, result)
+            entry.next_renew = now + min(MAX_RETRY_DELAY, lease.ttl * RETRY_FRACTION)
+
+    def expire(self, entries: Sequence[Entry]) -> None:
+        """Fire ``on_lost`` for leases whose deadline passed (their ``state`` already reads LOST)."""
+        for entry in entries:
+            if not entry.auto_renew:
+                reason = "its TTL passed (auto_renew is off)"
+            elif entry.stop_renewing_at is not None and self.clock() >= entry.stop_renewing_at:
+                reason = "max_hold reached: auto-renewal stopped and the TTL passed"
+            else:
+                reason = "no renewal succeeded before the lease's deadline"
+            if entry.lease.mark_lost(reason):
+                entry.target.stats.count("losses")
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+
+def _requests(batch: Sequence[Entry]) -> list[RenewRequest]:
+    return [RenewRequest(e.lease.name, e.lease.token, e.requested_ttl) for e in batch]
+
+
+class RenewalScheduler:
+    """The process-wide renewal thread for blocking drivers."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.book = RenewalBook(clock)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockkit-renew")
+
+    def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
+        with self._cond:
+            self.book.add(lease, target, requested_ttl, auto_renew, max_hold)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lockkit-renewal", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lease: Lease) -> None:
+        with self._cond:
+            self.book.remove(lease)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                batches, expired = self.book.take_due(self.book.clock())
+                if not batches and not expired:
+                    wake_at = self.book.next_wakeup()
+                    delay = None if wake_at is None else max(0.0, wake_at - self.book.clock())
+                    # a lease past its deadline still reads HELD internally until fired: 1 ms floor avoids a spin
+                    self._cond.wait(None if delay is None else max(delay, 0.001))
+                    continue
+            self.book.expire(expired)
+            for target, batch in batches.items():
+                self._pool.submit(self._renew_batch, target, batch)
+
+    def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
+        try:
+            results: Sequence[Grant | None | BaseException] = target.driver.renew_many(_requests(batch))
+        except Exception as exc:  # the whole batch failed (connection): retried until each deadline
+            results = [exc] * len(batch)
+        with self._cond:
+            self.book.apply(batch, results)
+            self._cond.notify()
+
+
+class AsyncRenewalScheduler:
+    """The renewal task of one event loop, for async drivers."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.book = RenewalBook(clock)
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
+
+    def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
+        self.book.add(lease, target, requested_ttl, auto_renew, max_hold)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="lockkit-renewal")
+        self._wakeup.set()
+
+    def remove(self, lease: Lease) -> None:
+        self.book.remove(lease)
+
+    async def _run(self) -> None:
+        while True:
+            batches, expired = self.book.take_due(self.book.clock())
+            self.book.expire(expired)
+            for target, batch in batches.items():
+                task = asyncio.get_running_loop().create_task(self._renew_batch(target, batch))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+            if batches or expired:
+                continue
+            wake_at = self.book.next_wakeup()
+            if wake_at is None and not self._batches:
+                self._task = None
+                return
+            delay = None if wake_at is None else max(0.001, wake_at - self.book.clock())
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
+        try:
+            results: Sequence[Grant | None | BaseException] = await target.driver.renew_many(_requests(batch))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            results = [exc] * len(batch)
+        self.book.apply(batch, results)
+        self._wakeup.set()
+
+
+_process_schedulers: dict[tuple[int, Clock], RenewalScheduler] = {}
+_process_guard = threading.Lock()
+_loop_schedulers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Clock, AsyncRenewalScheduler]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def scheduler(clock: Clock) -> RenewalScheduler:
+    """The one renewal thread of this process (a new one after ``fork``, which copies no threads)."""
+    # Keyed by clock too, so that a test's fake clock never drives real leases' deadlines.
+    key = (os.getpid(), clock)
+    with _process_guard:
+        found = _process_schedulers.get(key)
+        if found is None:
+            found = _process_schedulers[key] = RenewalScheduler(clock)
+        return found
+
+
+def async_scheduler(clock: Clock) -> AsyncRenewalScheduler:
+    """The one renewal task of the running event loop."""
+    loop = asyncio.get_running_loop()
+    per_loop = _loop_schedulers.setdefault(loop, {})
+    found = per_loop.get(clock)
+    if found is None:
+        found = per_loop[clock] = AsyncRenewalScheduler(clock)
+    return found

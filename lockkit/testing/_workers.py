@@ -1,0 +1,24 @@
+"""Child-process workers for the conformance suite (module-level so ``spawn`` can import them)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lockkit
+
+
+def increment_under_lock(url: str, name: str, counter: str, rounds: int, log: str) -> None:
+    """Read-modify-write a counter file ``rounds`` times under the lock, logging enter/exit times."""
+    with lockkit.connect(url) as locks:
+        lock = locks.lock(name, ttl=10)
+        for _ in range(rounds):
+            with lock as lease:
+                entered = time.monotonic()
+                path = Path(counter)
+                value = int(path.read_text() or "0")
+                time.sleep(0.001)  # widen the race window: without the lock, updates are lost
+                path.write_text(str(value + 1))
+                left = time.monotonic()
+                with open(log, "a", encoding="utf-8") as handle:
+                    handle.write(f"{entered} {left} {lease.fencing_token}\n")

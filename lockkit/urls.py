@@ -1,0 +1,179 @@
+"""Backend URLs: parsing, driver options, and redaction.
+
+``scheme://[user[:password]@]host[:port][,host[:port]…][/path][?option=value&…]``
+
+Several hosts are separated by commas (Redlock masters, ZooKeeper and etcd
+members); IPv6 hosts go in brackets (``[::1]:2379``); user and password are
+percent-decoded, so a password containing ``@:/`` is written ``%40%3A%2F``.
+A :class:`BackendURL` never shows its password: ``str`` and ``repr`` print
+``***`` in its place, and so does every error message built from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from .errors import ConfigError
+
+__all__ = ["BackendURL", "parse_options", "parse_url", "redact"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BackendURL:
+    scheme: str
+    hosts: tuple[tuple[str, int | None], ...] = ()
+    path: str = ""
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        auth = ""
+        if self.username or self.password:
+            auth = (self.username or "") + (":***" if self.password else "") + "@"
+        hosts = ",".join(_format_host(h, p) for h, p in self.hosts)
+        query = "&".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")
+
+    def __repr__(self) -> str:
+        return f"BackendURL({str(self)!r})"
+
+    def host_port(self, default_port: int) -> list[tuple[str, int]]:
+        return [(h, p if p is not None else default_port) for h, p in self.hosts]
+
+
+def _format_host(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
+
+
+def redact(url: str) -> str:
+    """Mask the password of a URL string, even one that does not parse."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority_end = len(rest)
+    for stop in "/?#":
+        pos = rest.find(stop)
+        if pos != -1:
+            authority_end = min(authority_end, pos)
+    authority, tail = rest[:authority_end], rest[authority_end:]
+    if "@" not in authority:
+        return url
+    userinfo, _, hosts = authority.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{tail}"
+
+
+def _parse_host(part: str, shown: str) -> tuple[str, int | None]:
+    if part.startswith("["):
+        end = part.find("]")
+        if end == -1:
+            raise ConfigError(f"unclosed '[' in IPv6 host of {shown}")
+        host, rest = part[1:end], part[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise ConfigError(f"unexpected {rest!r} after IPv6 host in {shown}")
+        port_text = rest[1:] if rest else None
+    else:
+        host, colon, port_text_raw = part.partition(":")
+        port_text = port_text_raw if colon else None
+    if not host:
+        raise ConfigError(f"empty host in {shown}")
+    if port_text is None:
+        return host, None
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(f"port must be a number from 1 to 65535, got {port_text!r} in {shown}")
+    return host, int(port_text)
+
+
+def parse_url(url: object) -> BackendURL:
+    """Split a backend URL into its parts; raise :class:`ConfigError` naming the (masked) URL."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"a backend URL must be a non-empty str, got {type(url).__name__}")
+    shown = redact(url)
+    if "://" not in url:
+        raise ConfigError(f"{shown!r} is not a URL: expected scheme://…, e.g. redis://localhost:6379/0")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"malformed URL {shown!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    netloc = url.split("://", 1)[1]
+    for stop in "/?#":
+        netloc = netloc.split(stop, 1)[0]
+    username = password = None
+    if "@" in netloc:
+        userinfo, _, netloc = netloc.rpartition("@")
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    hosts = tuple(_parse_host(part, shown) for part in netloc.split(",")) if netloc else ()
+    options: dict[str, str] = {}
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        raise ConfigError(f"malformed query string in {shown!r}: expected option=value&…") from None
+    for key, value in pairs:
+        if key in options:
+            raise ConfigError(f"option {key!r} is given twice in {shown!r}")
+        options[key] = value
+    return BackendURL(scheme, hosts, unquote(parts.path), username, password, types.MappingProxyType(options))
+
+
+def _convert(raw: str, target: Any, key: str, shown: str) -> Any:
+    origin = typing.get_origin(target)
+    if origin in (typing.Union, types.UnionType):
+        members = [m for m in typing.get_args(target) if m is not type(None)]
+        if raw.lower() in ("", "none", "null") and len(members) < len(typing.get_args(target)):
+            return None
+        return _convert(raw, members[0], key, shown)
+    try:
+        if target is bool:
+            lowered = raw.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if target is int:
+            return int(raw)
+        if target is float:
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(raw)
+            return value
+    except ValueError:
+        name = getattr(target, "__name__", str(target))
+        raise ConfigError(f"option {key}={raw!r} in {shown!r} must be a {name}") from None
+    return raw
+
+
+def parse_options(cls: type[T], options: Mapping[str, str], url: BackendURL | str) -> T:
+    """Build a driver's frozen options dataclass from URL query options, strictly.
+
+    An unknown option is an error naming it and listing the known ones (tooz
+    silently ignores them, and a typo like ``tll=5`` then goes unnoticed).
+    """
+    shown = str(url) if isinstance(url, BackendURL) else redact(url)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, raw in options.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ConfigError(f"unknown option {key!r} in {shown!r}; known options: {known}")
+        kwargs[key] = _convert(raw, hints[key], key, shown)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid options in {shown!r}: {exc}") from None

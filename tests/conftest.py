@@ -1,0 +1,3 @@
+"""Shared fixtures: real servers from backends/ (see CONTRIBUTING.md)."""
+
+pytest_plugins = ["backends.pytest_fixtures"]
