@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backends", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start servers on 127.0.0.1, print 'NAME URL' lines, run until Ctrl-C")
-    up.add_argument("kinds", nargs="*", metavar="KIND", help=f"one or more of {', '.join(KINDS)}, all (default)")
+    kinds_help = f"one or more of {', '.join(KINDS)}, all (default)"
+    up.add_argument("kinds", nargs="*", metavar="KIND", help=kinds_help)
     sub.add_parser("install", help="install the server packages (Debian; root)")
     args = parser.parse_args(argv)
     if args.command == "up":

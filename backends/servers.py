@@ -17,6 +17,7 @@ This module is test infrastructure; it is not part of the ``lockkit`` wheel.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import http.client
 import os
@@ -129,6 +130,21 @@ def _clean_env(drop_prefixes: Sequence[str] = ()) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- base
+
+# Servers with a live process or temp dir; stopped at interpreter exit as a safety net
+# (fixtures and context managers normally stop them first; SIGKILL of the test run
+# itself still leaves them behind).
+_live: set[Server] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    with _live_lock:
+        leftovers = list(_live)
+    for server in leftovers:
+        with contextlib.suppress(Exception):
+            server.stop()
 
 
 class Server(ABC):
@@ -247,6 +263,8 @@ class Server(ABC):
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"lockkit-{self.name}-", dir=self._tmp_parent))
             self.data_dir.mkdir(mode=0o700)
+        with _live_lock:
+            _live.add(self)
         try:
             self._start_with_port_retries()
         except BaseException:
@@ -477,6 +495,8 @@ class Server(ABC):
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        with _live_lock:
+            _live.discard(self)
 
 
 # --------------------------------------------------------------------------- Redis

@@ -38,7 +38,7 @@ from .urls import redact
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 __all__ = ["BackendSpec", "Settings", "default_state_dir", "load_file", "resolve_settings", "settings_for_url"]
 
@@ -148,7 +148,9 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
             raise ConfigError(f"{source}: several backends but no 'default'; set default = \"NAME\"")
         default = next(iter(backends))
     if not isinstance(default, str) or default not in backends:
-        raise ConfigError(f"{source}: default = {default!r} names no backend; configured: {', '.join(sorted(backends))}")
+        raise ConfigError(
+            f"{source}: default = {default!r} names no backend; configured: {', '.join(sorted(backends))}"
+        )
     routes: list[tuple[str, str]] = []
     for pattern, target in _table(data.get("routes", {}), f"{source}: [routes]").items():
         if not isinstance(target, str) or target not in backends:
@@ -157,10 +159,10 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
                 f"configured: {', '.join(sorted(backends))}"
             )
         routes.append((pattern, target))
-    for name, spec in backends.items():
-        if spec.migrate is not None:
+    for name, backend_spec in backends.items():
+        if backend_spec.migrate is not None:
             for role in ("from", "to"):
-                ref = spec.migrate.get(role)
+                ref = backend_spec.migrate.get(role)
                 if ref not in backends or ref == name:
                     raise ConfigError(f"{source}: [backends.{name}] migrate.{role} = {ref!r} names no other backend")
     return Settings(backends, tuple(routes), default, source)

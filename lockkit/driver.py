@@ -188,7 +188,7 @@ class Driver(Protocol):
         """Extend our lock to ``ttl`` from now; ``None`` if the server no longer holds our token."""
         ...
 
-    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | None | Exception]:
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         """Renew several locks in one batch (one pipeline, one keepalive); results in order."""
         ...
 
@@ -223,7 +223,7 @@ class AsyncDriver(Protocol):
 
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None: ...
 
-    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | None | Exception]: ...
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]: ...
 
     async def release(self, name: str, token: str) -> bool: ...
 
@@ -236,9 +236,9 @@ class AsyncDriver(Protocol):
     async def close(self) -> None: ...
 
 
-def renew_each(driver: Driver, requests: Sequence[RenewRequest]) -> list[Grant | None | Exception]:
+def renew_each(driver: Driver, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
     """A ``renew_many`` for drivers with no batch operation: one renew per request, errors kept per item."""
-    results: list[Grant | None | Exception] = []
+    results: list[Grant | Exception | None] = []
     for request in requests:
         try:
             results.append(driver.renew(request.name, request.token, request.ttl))

@@ -103,11 +103,7 @@ class Lease:
 
     @property
     def valid(self) -> bool:
-        return (
-            self._state is LeaseState.HELD
-            and self._clock() < self._expires_at
-            and os.getpid() == self._pid
-        )
+        return self._state is LeaseState.HELD and self._clock() < self._expires_at and os.getpid() == self._pid
 
     def remaining(self) -> float:
         """Seconds of validity left (0 once invalid). Never uses the wall clock."""

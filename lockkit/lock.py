@@ -162,10 +162,7 @@ class LockCore:
 
     def describe(self) -> str:
         held = self.lease is not None and self.lease.valid
-        return (
-            f"name={self.name!r}, backend={self.backend.name!r}, ttl={self.ttl:g}, "
-            f"{'held' if held else 'not held'}"
-        )
+        return f"name={self.name!r}, backend={self.backend.name!r}, ttl={self.ttl:g}, {'held' if held else 'not held'}"
 
 
 _DEFAULT: Any = object()

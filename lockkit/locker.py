@@ -137,8 +137,7 @@ class Locker(_LockerBase[Driver]):
     ) -> Lock:
         """A handle on lock ``name`` (nothing is sent to the server until you acquire it)."""
         return Lock(
-            self._core(name, ttl, backend, auto_renew=auto_renew, on_lost=on_lost, max_hold=max_hold,
-                       timeout=timeout)
+            self._core(name, ttl, backend, auto_renew=auto_renew, on_lost=on_lost, max_hold=max_hold, timeout=timeout)
         )
 
     def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
@@ -148,7 +147,9 @@ class Locker(_LockerBase[Driver]):
         """Administrative: delete the lock whoever holds it (their next renew reports it lost)."""
         target = self.backend_for(name, backend)
         done = target.driver.force_release(name)
-        log.warning("lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done)
+        log.warning(
+            "lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done
+        )
         return done
 
     def check(self) -> dict[str, float | LockError]:
@@ -204,8 +205,7 @@ class AsyncLocker(_LockerBase[AsyncDriver]):
         timeout: float | None = None,
     ) -> AsyncLock:
         return AsyncLock(
-            self._core(name, ttl, backend, auto_renew=auto_renew, on_lost=on_lost, max_hold=max_hold,
-                       timeout=timeout)
+            self._core(name, ttl, backend, auto_renew=auto_renew, on_lost=on_lost, max_hold=max_hold, timeout=timeout)
         )
 
     async def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
@@ -214,7 +214,9 @@ class AsyncLocker(_LockerBase[AsyncDriver]):
     async def force_release(self, name: str, *, backend: str | None = None) -> bool:
         target = self.backend_for(name, backend)
         done = await target.driver.force_release(name)
-        log.warning("lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done)
+        log.warning(
+            "lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done
+        )
         return done
 
     async def check(self) -> dict[str, float | LockError]:
@@ -275,5 +277,3 @@ def _settings(path: str | os.PathLike[str] | Mapping[str, Any]) -> Settings:
 
         return parse_settings(path, "<mapping>")
     return load_file(path)
-
-

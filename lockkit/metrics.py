@@ -47,8 +47,14 @@ class _Reservoir:
         def q(p: float) -> float:
             return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
-        return {"count": self.seen, "mean": self.total / self.seen, "p50": q(0.5), "p90": q(0.9),
-                "p99": q(0.99), "max": ordered[-1]}
+        return {
+            "count": self.seen,
+            "mean": self.total / self.seen,
+            "p50": q(0.5),
+            "p90": q(0.9),
+            "p99": q(0.99),
+            "max": ordered[-1],
+        }
 
 
 class _Prometheus:
@@ -63,8 +69,7 @@ class _Prometheus:
             for name in COUNTERS
         }
         self.timings = {
-            name: client.Histogram(f"lockkit_{name}_seconds", f"lockkit {name} time", ["backend"])
-            for name in TIMINGS
+            name: client.Histogram(f"lockkit_{name}_seconds", f"lockkit {name} time", ["backend"]) for name in TIMINGS
         }
 
     @classmethod

@@ -27,9 +27,7 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a valid lock name, else raise :class:`InvalidLockName`."""
     if not isinstance(name, str):
-        raise InvalidLockName(
-            f"lock name must be a str, got {type(name).__name__}; decode bytes before passing them"
-        )
+        raise InvalidLockName(f"lock name must be a str, got {type(name).__name__}; decode bytes before passing them")
     if not name:
         raise InvalidLockName("lock name must not be empty")
     try:
@@ -39,9 +37,7 @@ def validate_name(name: object) -> str:
             "lock name is not encodable as UTF-8 (it contains a lone surrogate); pass valid text"
         ) from exc
     if size > MAX_NAME_BYTES:
-        raise InvalidLockName(
-            f"lock name is {size} UTF-8 bytes; the limit is {MAX_NAME_BYTES}: hash long names first"
-        )
+        raise InvalidLockName(f"lock name is {size} UTF-8 bytes; the limit is {MAX_NAME_BYTES}: hash long names first")
     return name
 
 

@@ -65,7 +65,7 @@ class ThreadOffloadDriver:
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         return await self._run(self.sync.renew, name, token, ttl)
 
-    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | None | Exception]:
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         return await self._run(self.sync.renew_many, requests)
 
     async def release(self, name: str, token: str) -> bool:

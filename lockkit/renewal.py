@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -76,9 +77,7 @@ class RenewalBook:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(
-        self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None
-    ) -> None:
+    def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
         stop = None if max_hold is None else lease.acquired_at + max_hold
         next_renew = lease.acquired_at + lease.ttl * RENEW_FRACTION
         self._entries[id(lease)] = Entry(lease, target, requested_ttl, auto_renew, stop, next_renew)
@@ -116,10 +115,10 @@ class RenewalBook:
                 times.append(entry.next_renew)
         return min(times) if times else None
 
-    def apply(self, batch: Sequence[Entry], results: Sequence[Grant | None | BaseException]) -> None:
+    def apply(self, batch: Sequence[Entry], results: Sequence[Grant | BaseException | None]) -> None:
         """Record a batch's outcome: extend, lose, or schedule a retry."""
         now = self.clock()
-        for entry, result in zip(batch, results):
+        for entry, result in zip(batch, results, strict=True):
             entry.in_flight = False
             lease = entry.lease
             stats: BackendStats = entry.target.stats
@@ -200,7 +199,7 @@ class RenewalScheduler:
 
     def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:
-            results: Sequence[Grant | None | BaseException] = target.driver.renew_many(_requests(batch))
+            results: Sequence[Grant | BaseException | None] = target.driver.renew_many(_requests(batch))
         except Exception as exc:  # the whole batch failed (connection): retried until each deadline
             results = [exc] * len(batch)
         with self._cond:
@@ -242,14 +241,12 @@ class AsyncRenewalScheduler:
                 return
             delay = None if wake_at is None else max(0.001, wake_at - self.book.clock())
             self._wakeup.clear()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
 
     async def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:
-            results: Sequence[Grant | None | BaseException] = await target.driver.renew_many(_requests(batch))
+            results: Sequence[Grant | BaseException | None] = await target.driver.renew_many(_requests(batch))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -67,7 +67,11 @@ class _Record:
 
 class FileDriver:
     guarantees: ClassVar[Guarantees] = Guarantees(
-        scope="host", fifo=False, fencing="strict", survives_failover=False, lifetime="ttl",
+        scope="host",
+        fifo=False,
+        fencing="strict",
+        survives_failover=False,
+        lifetime="ttl",
         note="Processes of one host; the default when nothing is configured.",
     )
 
@@ -95,8 +99,10 @@ class FileDriver:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise ConfigError(f"lock directory {directory} is not writable ({exc.strerror}); fix its permissions "
-                              "or point file:// elsewhere") from None
+            raise ConfigError(
+                f"lock directory {directory} is not writable ({exc.strerror}); fix its permissions "
+                "or point file:// elsewhere"
+            ) from None
         return cls(directory, options, ctx)
 
     # -- the record ------------------------------------------------------------------------
@@ -143,8 +149,14 @@ class FileDriver:
         return _Record(slot, waiters), raw
 
     def _write(self, name: str, path: Path, record: _Record, before: dict[str, Any] | None) -> None:
-        raw = {"name": name, "boot": self._boot, "token": record.slot.token, "expires": record.slot.expires,
-               "fence": record.slot.fence, "waiters": record.waiters}
+        raw = {
+            "name": name,
+            "boot": self._boot,
+            "token": record.slot.token,
+            "expires": record.slot.expires,
+            "fence": record.slot.fence,
+            "waiters": record.waiters,
+        }
         if raw == before:
             return
         tmp = path.with_suffix(f".tmp{os.getpid()}-{secrets.token_hex(4)}")
@@ -239,7 +251,7 @@ class FileDriver:
                 return None
             return Grant(record.slot.fence, ttl, sent_at)
 
-    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | None | Exception]:
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         return renew_each(self, requests)
 
     def _release(self, name: str, token: str | None) -> bool:
@@ -260,8 +272,9 @@ class FileDriver:
             token = record.slot.holder(now)
             if token is None:
                 return HolderInfo(False, waiters=len(record.waiters))
-            return HolderInfo(True, token_hint(token), record.slot.fence, record.slot.expires - now,
-                              len(record.waiters))
+            return HolderInfo(
+                True, token_hint(token), record.slot.fence, record.slot.expires - now, len(record.waiters)
+            )
 
     def ping(self) -> None:
         if not os.access(self.directory, os.W_OK):

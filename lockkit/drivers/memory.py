@@ -55,7 +55,11 @@ class _NoOptions:
 
 class MemoryDriver:
     guarantees: ClassVar[Guarantees] = Guarantees(
-        scope="process", fifo=False, fencing="strict", survives_failover=False, lifetime="ttl",
+        scope="process",
+        fifo=False,
+        fencing="strict",
+        survives_failover=False,
+        lifetime="ttl",
         note="Only threads and tasks of one process; for tests and single-process tools.",
     )
 
@@ -65,7 +69,7 @@ class MemoryDriver:
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> MemoryDriver:
-        if url.username or url.password or len(url.hosts) > 1 or url.hosts and url.hosts[0][1] is not None:
+        if url.username or url.password or len(url.hosts) > 1 or (url.hosts and url.hosts[0][1] is not None):
             raise ConfigError(f"memory:// takes only an optional space name, e.g. memory://tests, not {url}")
         parse_options(_NoOptions, url.options, url)
         space = (url.hosts[0][0] if url.hosts else "") + url.path
@@ -92,8 +96,11 @@ class MemoryDriver:
                         now = self._clock()
                         if deadline is not None and now >= deadline:
                             return None
-                        waits = [w for w in (slot.wait_hint(now), None if deadline is None else deadline - now)
-                                 if w is not None]
+                        waits = [
+                            w
+                            for w in (slot.wait_hint(now), None if deadline is None else deadline - now)
+                            if w is not None
+                        ]
                         condition.wait(min(waits) if waits else None)
                 finally:
                     space.waiting[name] -= 1
@@ -113,7 +120,7 @@ class MemoryDriver:
                 return None
             return Grant(slot.fence, ttl, sent_at)
 
-    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | None | Exception]:
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         return renew_each(self, requests)
 
     def _release(self, name: str, token: str | None) -> bool:

@@ -9,6 +9,7 @@ a session (ZooKeeper), the tests read the effective ``lease.ttl``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import multiprocessing
 import os
@@ -65,7 +66,7 @@ def _prefix() -> str:
 
 def _overlaps(log: Path) -> list[tuple[float, float]]:
     spans = sorted(tuple(map(float, line.split()[:2])) for line in log.read_text().splitlines())
-    return [(a[1], b[0]) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    return [(a[1], b[0]) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
 
 
 class ConformanceSuite:
@@ -120,7 +121,9 @@ class ConformanceSuite:
         holder = locks.lock(name, ttl=HOLD_TTL)
         holder.acquire()
         got: list[float] = []
-        waiter = threading.Thread(target=lambda: got.append((other.lock(name).acquire(timeout=20), time.monotonic())[1]))
+        waiter = threading.Thread(
+            target=lambda: got.append((other.lock(name).acquire(timeout=20), time.monotonic())[1])
+        )
         waiter.start()
         time.sleep(0.3)  # let the waiter queue up
         assert not got
@@ -162,8 +165,9 @@ class ConformanceSuite:
         counter.write_text("0")
         log.write_text("")
         ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=increment_under_lock, args=(url, name, str(counter), 8, str(log)))
-                 for _ in range(3)]
+        procs = [
+            ctx.Process(target=increment_under_lock, args=(url, name, str(counter), 8, str(log))) for _ in range(3)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -172,8 +176,10 @@ class ConformanceSuite:
         assert counter.read_text() == "24", "lost updates: the lock did not exclude processes"
         assert _overlaps(log) == []
         tokens = [int(line.split()[2]) for line in log.read_text().splitlines()]
-        ordered = [t for _, t in sorted((float(line.split()[0]), int(line.split()[2]))
-                                        for line in log.read_text().splitlines())]
+        ordered = [
+            t
+            for _, t in sorted((float(line.split()[0]), int(line.split()[2])) for line in log.read_text().splitlines())
+        ]
         assert len(set(tokens)) == 24 and ordered == sorted(ordered), "fencing tokens must strictly increase"
 
     def test_renew_extends(self, locks: lockkit.Locker, name: str) -> None:
@@ -191,7 +197,7 @@ class ConformanceSuite:
             lock = (locks if i % 2 else other).lock(name, ttl=HOLD_TTL)
             tokens.append(lock.acquire(timeout=5).fencing_token)
             lock.release()
-        assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+        assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
 
     def test_other_holder_cannot_release_or_renew(
         self, locks: lockkit.Locker, other: lockkit.Locker, name: str
@@ -375,7 +381,9 @@ class AsyncConformanceSuite:
                 await other.lock(name).acquire(timeout=0.3)
         assert (await other.lock(name).acquire(timeout=5)).valid
 
-    async def test_tasks_exclude_each_other(self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str) -> None:
+    async def test_tasks_exclude_each_other(
+        self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
+    ) -> None:
         state = {"inside": 0, "overlaps": 0, "count": 0}
 
         async def work(locker: lockkit.AsyncLocker) -> None:
@@ -447,7 +455,11 @@ class AsyncConformanceSuite:
     async def test_loss_is_reported(self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str) -> None:
         lost = asyncio.Event()
         loop = asyncio.get_running_loop()
-        lock = locks.lock(name, ttl=HOLD_TTL, on_lost=lambda lease: loop.call_soon_threadsafe(lost.set))
+
+        def on_lost(lease: lockkit.Lease) -> None:
+            loop.call_soon_threadsafe(lost.set)
+
+        lock = locks.lock(name, ttl=HOLD_TTL, on_lost=on_lost)
         lease = await lock.acquire()
         await other.force_release(name)
         await asyncio.wait_for(lost.wait(), lease.ttl + SLACK)

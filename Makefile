@@ -1,0 +1,39 @@
+# The two commands of the README. Both set everything up from nothing.
+#   make demo   – venv + lockkit, then the lost-update demo on the embedded file:// backend (no server)
+#   make test   – Debian's redis-server, zookeeper, etcd-server (if missing), venv + lockkit[dev], then
+#                 the whole suite against real servers it starts itself, ruff and mypy
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck servers venv bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/lockkit demo
+
+servers:
+	bash backends/install.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check lockkit tests backends benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict lockkit
+
+test: servers $(STAMP)
+	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory lint typecheck
+
+bench: servers $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,240 @@
+"""The ``lockkit`` command: run a command under a lock, inspect and administer locks.
+
+Exit codes: the child's own code for ``run`` (128+N if a signal N ended it);
+75 when the lock was not free within ``--timeout``; 70 when the lock was lost
+while the command ran (the command got SIGTERM); 2 for bad usage or
+configuration; 1 when a backend could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+from . import __version__
+from .config import resolve_settings
+from .errors import BackendUnavailable, ConfigError, LockError, LockTimeout
+from .lease import Lease
+from .locker import Locker, from_config
+
+EXIT_LOST = 70
+EXIT_TIMEOUT = 75
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 1
+TERM_GRACE = 10.0
+
+log = logging.getLogger("lockkit")
+
+
+def _locker(args: argparse.Namespace) -> Locker:
+    if getattr(args, "config", None):
+        return from_config(args.config)
+    return Locker(resolve_settings(args.url), None)
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="backend URL (default: LOCKKIT_URL, lockkit.toml, or the embedded file://)")
+    parser.add_argument("--config", help="a lockkit.toml to use (default: LOCKKIT_CONFIG or ./lockkit.toml)")
+    parser.add_argument("--backend", help="use this configured backend instead of the name's route")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if not command:
+        print("lockkit run: give the command after --, e.g. lockkit run nightly -- ./job.sh", file=sys.stderr)
+        return EXIT_USAGE
+    lost = threading.Event()
+    child: list[subprocess.Popen[bytes]] = []
+
+    def on_lost(lease: Lease) -> None:
+        lost.set()
+        if child and child[0].poll() is None:
+            child[0].send_signal(signal.SIGTERM)
+
+    with _locker(args) as locks:
+        lock = locks.lock(args.name, ttl=args.ttl, backend=args.backend, on_lost=on_lost, max_hold=args.max_hold)
+        try:
+            lease = lock.acquire(timeout=args.timeout)
+        except LockTimeout as exc:
+            print(f"lockkit run: {exc}", file=sys.stderr)
+            return EXIT_TIMEOUT
+        env = dict(os.environ, LOCKKIT_FENCING_TOKEN=str(lease.fencing_token), LOCKKIT_LOCK_NAME=args.name)
+        try:
+            proc = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            lock.release()
+            print(f"lockkit run: cannot start {command[0]!r}: {exc.strerror}", file=sys.stderr)
+            return 127
+        child.append(proc)
+        if lost.is_set():
+            proc.send_signal(signal.SIGTERM)
+        forwarded = {
+            sig: signal.signal(sig, lambda s, _f: proc.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=TERM_GRACE if lost.is_set() else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    proc.kill()  # it ignored SIGTERM after the lock was lost
+        finally:
+            for sig, handler in forwarded.items():
+                signal.signal(sig, handler)
+        if lost.is_set():
+            print(
+                f"lockkit run: lock {args.name!r} was lost while the command ran ({lease.lost_reason}); "
+                "the command was sent SIGTERM",
+                file=sys.stderr,
+            )
+            with contextlib.suppress(LockError):
+                lock.release()
+            return EXIT_LOST
+        try:
+            lock.release()
+        except LockError as exc:
+            print(f"lockkit run: the command finished but the lock was not ours at release: {exc}", file=sys.stderr)
+            return EXIT_LOST
+    return 128 - code if code < 0 else code
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    with _locker(args) as locks:
+        info = locks.holder(args.name, backend=args.backend)
+        backend = locks.settings.route(args.name, args.backend)
+        if args.json:
+            print(json.dumps({"name": args.name, "backend": backend, **info.__dict__}))
+            return 0
+        if not info.held:
+            print(f"{args.name}: free on backend {backend!r}" + (f" ({info.waiters} waiting)" if info.waiters else ""))
+            return 0
+        parts = [f"held on backend {backend!r}", f"holder token {info.token_hint}…"]
+        if info.fencing_token is not None:
+            parts.append(f"fencing token {info.fencing_token}")
+        if info.ttl_left is not None:
+            parts.append(f"{info.ttl_left:.1f}s left")
+        if info.waiters:
+            parts.append(f"{info.waiters} waiting")
+        print(f"{args.name}: " + ", ".join(parts))
+    return 0
+
+
+def _cmd_release(args: argparse.Namespace) -> int:
+    if not args.force:
+        print("lockkit release: releasing another holder's lock is an administrative act; add --force", file=sys.stderr)
+        return EXIT_USAGE
+    with _locker(args) as locks:
+        user = os.environ.get("USER") or str(os.getuid())
+        log.warning("lockkit: %s forced release of %r", user, args.name)
+        held = locks.force_release(args.name, backend=args.backend)
+        print(
+            f"{args.name}: {'released (its holder will find it lost at its next renewal)' if held else 'was not held'}"
+        )
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    with _locker(args) as locks:
+        shown = locks.describe()
+        failed = 0
+        for name, result in locks.check().items():
+            if isinstance(result, float):
+                print(f"ok    {name:<12} {shown[name]}  round trip {result * 1000:.2f} ms")
+            else:
+                failed += 1
+                print(f"FAIL  {name:<12} {shown[name]}  {result}")
+    return EXIT_UNAVAILABLE if failed else 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args.url, args.workers, args.deductions)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lockkit", description="Distributed locks from the shell.")
+    parser.add_argument("--version", action="version", version=f"lockkit {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log lockkit's debug messages to stderr")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="hold a lock while a command runs",
+        usage="lockkit run NAME [options] -- COMMAND [ARG ...]",
+        description="Hold NAME while the command runs, renewing it; the child gets "
+        "LOCKKIT_FENCING_TOKEN. If the lock is lost the child gets SIGTERM and lockkit exits 70.",
+    )
+    run.add_argument("name")
+    _add_target(run)
+    run.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds, renewed every ttl/3 (default 30)")
+    run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 75)")
+    run.add_argument("--max-hold", type=float, default=None, help="stop renewing after this many seconds")
+    run.set_defaults(func=_cmd_run)
+
+    status = sub.add_parser("status", help="show who holds a lock")
+    status.add_argument("name")
+    _add_target(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=_cmd_status)
+
+    release = sub.add_parser("release", help="administratively release a lock held by anyone")
+    release.add_argument("name")
+    release.add_argument("--force", action="store_true", help="required: you are taking someone's lock away")
+    _add_target(release)
+    release.set_defaults(func=_cmd_release)
+
+    check = sub.add_parser("check", help="reach every configured backend and print the round-trip time")
+    check.add_argument("--url", help="check this URL instead of the configuration")
+    check.add_argument("--config", help="a lockkit.toml to use")
+    check.set_defaults(func=_cmd_check)
+
+    demo = sub.add_parser("demo", help="show lost updates without a lock, and none with lockkit")
+    demo.add_argument("--url", help="backend to demo on (default: the embedded file:// backend)")
+    demo.add_argument("--workers", type=_positive_int, default=8, help="worker processes (default 8)")
+    demo.add_argument("--deductions", type=_positive_int, default=2000, help="items sold in all (default 2000)")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" is the command for `run`, untouched by option parsing.
+    command: list[str] = []
+    if "--" in words:
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1 :]
+    args = build_parser().parse_args(words)
+    args.command = command
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        code: int = args.func(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"lockkit {args.cmd}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BackendUnavailable as exc:
+        print(f"lockkit {args.cmd}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except LockError as exc:
+        print(f"lockkit {args.cmd}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

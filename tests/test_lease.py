@@ -1,0 +1,118 @@
+"""The Lease state machine and validity maths on a fake monotonic clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lockkit import LeaseState, LockLost
+from lockkit.lease import Lease
+from lockkit.timing import drift, lease_deadline, validate_timeout, validate_ttl
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lease(clock: FakeClock, ttl: float = 10.0, **kwargs: object) -> Lease:
+    return Lease(name="n", token="t" * 32, fencing_token=7, ttl=ttl, sent_at=clock.now, clock=clock, **kwargs)  # type: ignore[arg-type]
+
+
+def test_validity_counts_from_send_minus_drift() -> None:
+    clock = FakeClock()
+    lease = _lease(clock)
+    assert lease.expires_at == pytest.approx(1000 + 10 - (10 * 0.01 + 0.002))
+    assert lease.remaining() == pytest.approx(10 - drift(10))
+    clock.now = lease.expires_at - 1e-6
+    assert lease.valid
+    clock.now = lease.expires_at
+    assert not lease.valid and lease.remaining() == 0 and lease.state is LeaseState.LOST
+    with pytest.raises(LockLost, match="TTL passed"):
+        lease.ensure_valid()
+
+
+def test_renewal_that_returns_after_the_deadline_does_not_revive() -> None:
+    clock = FakeClock()
+    lease = _lease(clock, ttl=3)
+    sent = clock.now + 1
+    clock.now += 3.5  # the renew request hung past the deadline
+    assert not lease.extend(sent, 3)
+    assert not lease.valid
+
+
+def test_extend_never_moves_the_deadline_back() -> None:
+    clock = FakeClock()
+    lease = _lease(clock, ttl=10)
+    before = lease.expires_at
+    assert lease.extend(clock.now - 5, 1)  # a reordered, older renewal
+    assert lease.expires_at == before
+
+
+def test_lost_fires_callbacks_once_and_late_callbacks_at_once() -> None:
+    clock = FakeClock()
+    seen: list[str] = []
+    lease = _lease(clock, on_lost=[lambda _lease: seen.append("a")])
+    assert lease.mark_lost("test")
+    assert not lease.mark_lost("again")
+    lease.add_lost_callback(lambda _lease: seen.append("late"))
+    assert seen == ["a", "late"]
+    assert lease.lost_reason == "test"
+
+
+def test_callback_errors_do_not_escape(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+
+    def boom(lease: Lease) -> None:
+        raise RuntimeError("callback failed")
+
+    lease = _lease(clock, on_lost=[boom])
+    lease.mark_lost("test")
+    assert "on_lost callback" in caplog.text
+
+
+def test_uncertain_then_restored() -> None:
+    clock = FakeClock()
+    lease = _lease(clock)
+    lease.mark_uncertain("session suspended")
+    assert not lease.valid
+    with pytest.raises(LockLost, match="uncertain"):
+        lease.ensure_valid()
+    lease.mark_restored()
+    assert lease.valid
+    lease.mark_uncertain("again")
+    clock.now = lease.expires_at + 1
+    assert lease.state is LeaseState.LOST
+
+
+def test_released_lease_is_not_valid() -> None:
+    lease = _lease(FakeClock())
+    lease.mark_released()
+    assert not lease.valid
+    assert not lease.mark_lost("after release")
+    with pytest.raises(LockLost, match="released"):
+        lease.ensure_valid()
+
+
+def test_token_never_in_repr() -> None:
+    lease = _lease(FakeClock())
+    assert lease.token not in repr(lease) and "fencing_token=7" in repr(lease)
+
+
+def test_wall_clock_jumps_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = Lease(name="n", token="t" * 32, fencing_token=1, ttl=60, sent_at=time.monotonic(), clock=time.monotonic)
+    before = lease.remaining()
+    real = time.time
+    for jump in (3600, -3600):
+        monkeypatch.setattr(time, "time", lambda j=jump: real() + j)
+        assert lease.valid and abs(lease.remaining() - before) < 1
+
+
+def test_ttl_and_timeout_validation() -> None:
+    assert validate_ttl(1) == 1.0
+    assert validate_timeout(None) is None and validate_timeout(0) == 0.0
+    assert lease_deadline(0, 100) == pytest.approx(100 - 1.002)

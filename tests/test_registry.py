@@ -1,0 +1,57 @@
+"""Driver discovery: built-in schemes, entry points, lazy imports, missing extras."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+import lockkit
+from lockkit import ConfigError, registry
+
+
+def test_import_lockkit_loads_no_backend_client() -> None:
+    code = "import sys, lockkit; bad = {'redis', 'kazoo', 'pyetcd', 'grpc'} & set(sys.modules); print(sorted(bad))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_unknown_scheme_lists_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown lock backend scheme 'mongo'; known schemes: .*etcd.*redis"):
+        lockkit.connect("mongo://h")
+
+
+@pytest.mark.parametrize(
+    ("url", "client", "extra"),
+    [
+        ("redis://127.0.0.1:1/0", "redis", "redis"),
+        ("zookeeper://127.0.0.1:1", "kazoo", "zookeeper"),
+        ("etcd://127.0.0.1:1", "pyetcd", "etcd"),
+    ],
+)
+def test_missing_client_names_the_extra(url: str, client: str, extra: str) -> None:
+    code = (
+        f"import sys; sys.modules[{client!r}] = None\n"
+        "import lockkit\n"
+        f"try:\n    lockkit.connect({url!r})\nexcept lockkit.ConfigError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert f"pip install 'lockkit[{extra}]'" in out
+
+
+def test_entry_point_drivers_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = importlib.metadata.EntryPoint(
+        name="custom", value="lockkit.drivers.memory:MemoryDriver", group="lockkit.drivers"
+    )
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"custom": plugin})
+    with lockkit.connect("custom://plugin") as locks, locks.lock("x") as lease:
+        assert lease.valid
+
+
+def test_every_builtin_declares_guarantees() -> None:
+    for scheme in ("memory", "file"):
+        factory = registry.load_factory(scheme)
+        assert factory.guarantees.scope in ("process", "host")
+        assert factory.guarantees.fencing == "strict"

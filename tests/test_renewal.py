@@ -1,0 +1,87 @@
+"""The shared renewal scheduler: one thread, batches per backend, loss on time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import lockkit
+from lockkit.renewal import RenewalBook, scheduler
+
+
+def _threads() -> set[str]:
+    return {t.name for t in threading.enumerate()}
+
+
+def test_many_locks_one_scheduler_thread() -> None:
+    with lockkit.connect("memory://renew-many") as locks:
+        held = [locks.lock(f"n{i}", ttl=0.6) for i in range(500)]
+        for lock in held:
+            lock.acquire()
+        time.sleep(1.5)  # 2.5 TTLs: every lease survives only through renewal
+        assert all(lock.owned() for lock in held)
+        names = [t for t in _threads() if t.startswith("lockkit")]
+        assert names.count("lockkit-renewal") == 1
+        assert len(names) <= 5, names  # the renewal thread + at most 4 pool workers, not one per lock
+        assert locks.stats()["default"]["renewals"] >= 500
+        for lock in held:
+            lock.release()
+
+
+def test_max_hold_stops_renewal_and_reports_loss() -> None:
+    lost = threading.Event()
+    with lockkit.connect("memory://max-hold") as locks:
+        lock = locks.lock("capped", ttl=0.3, max_hold=0.5, on_lost=lambda lease: lost.set())
+        started = time.monotonic()
+        lease = lock.acquire()
+        assert lost.wait(3)
+        held_for = time.monotonic() - started
+        assert 0.5 <= held_for <= 0.5 + 0.3 + 0.5
+        assert "max_hold" in (lease.lost_reason or "")
+
+
+def test_auto_renew_off_fires_on_lost_at_the_deadline() -> None:
+    lost = threading.Event()
+    with lockkit.connect("memory://no-renew") as locks:
+        lease = locks.lock("short", ttl=0.2, auto_renew=False, on_lost=lambda lease: lost.set()).acquire()
+        assert lost.wait(2)
+        assert time.monotonic() >= lease.expires_at
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_book_batches_and_coalesces() -> None:
+    clock = _Clock()
+    with lockkit.connect("memory://book", clock=clock) as locks:
+        leases = [locks.lock(f"b{i}", ttl=3, auto_renew=False).acquire() for i in range(3)]
+        backend = locks.backend_for("b0")
+        book = RenewalBook(clock)
+        for lease in leases:
+            book.add(lease, backend, 3, True, None)
+        assert book.next_wakeup() == 1.0  # ttl/3
+        clock.now = 0.75  # within the coalescing window (ttl/10) of the due time
+        batches, expired = book.take_due(clock.now)
+        assert list(batches) == [backend] and len(batches[backend]) == 3 and not expired
+        results = backend.driver.renew_many(
+            [
+                lockkit.driver.RenewRequest(e.lease.name, e.lease.token, 3)  # type: ignore[attr-defined]
+                for e in batches[backend]
+            ]
+        )
+        book.apply(batches[backend], results)
+        assert all(lease.expires_at > 3 for lease in leases)
+        clock.now = 100.0
+        _, expired = book.take_due(clock.now)
+        book.expire(expired)
+        assert len(expired) == 3 and all(lease.lost_reason for lease in leases)
+
+
+def test_scheduler_is_per_process_and_clock() -> None:
+    assert scheduler(time.monotonic) is scheduler(time.monotonic)
+    assert scheduler(_Clock()) is not scheduler(time.monotonic)
