@@ -154,6 +154,38 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return EXIT_UNAVAILABLE if failed else 0
 
 
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from .drivers.migrate import next_step
+
+    with _locker(args) as locks:
+        migrations = locks.migrations()
+        if not migrations:
+            print("lockkit migrate: no backend in this configuration uses 'migrate'", file=sys.stderr)
+            return EXIT_USAGE
+        unsafe = False
+        for name, driver in migrations.items():
+            print(f"{name}: migration {driver.options.group!r}, this configuration's phase: {driver.phase}")
+            if args.action == "check":
+                for role, component in (("old", driver.old), ("new", driver.new)):
+                    try:
+                        component.ping()
+                        print(f"  ok    {role} backend reachable")
+                    except LockError as exc:
+                        unsafe = True
+                        print(f"  FAIL  {role} backend: {exc}")
+                continue
+            fleet = driver.fleet()
+            for phase in ("old", "both", "new"):
+                members = sorted(f"{r.get('host')}:{r.get('pid')}" for r in fleet.values() if r.get("phase") == phase)
+                print(f"  {phase:<5} {len(members):>3} live" + (f": {', '.join(members)}" if members else ""))
+            switched = driver.epoch_switched()
+            print(f"  fencing epoch: {'1 (new backend)' if switched else '0 (old backend)'}")
+            safe, advice = next_step(fleet, switched)
+            unsafe |= not safe
+            print(f"  next: {advice}")
+    return EXIT_UNAVAILABLE if unsafe else 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -203,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--url", help="check this URL instead of the configuration")
     check.add_argument("--config", help="a lockkit.toml to use")
     check.set_defaults(func=_cmd_check)
+
+    migrate = sub.add_parser("migrate", help="watch a backend migration: live clients per phase, next safe step")
+    migrate.add_argument("action", choices=["status", "check"], help="status: the fleet; check: reach both backends")
+    migrate.add_argument("--config", help="a lockkit.toml to use")
+    migrate.add_argument("--url", help=argparse.SUPPRESS)
+    migrate.set_defaults(func=_cmd_migrate)
 
     demo = sub.add_parser("demo", help="show lost updates without a lock, and none with lockkit")
     demo.add_argument("--url", help="backend to demo on (default: the embedded file:// backend)")

@@ -133,6 +133,15 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
             if extra:
                 raise ConfigError(f"{where}: a migrate backend takes only 'migrate', not {sorted(extra)[0]!r}")
             spec = {k: _scalar(v, f"{where} migrate.{k}", env) for k, v in migrate.items()}
+            unknown_keys = set(spec) - {"from", "to", "phase", "group", "presence_ttl"}
+            if unknown_keys or "phase" not in spec:
+                wrong = f"unknown key {sorted(unknown_keys)[0]!r}" if unknown_keys else "missing 'phase'"
+                raise ConfigError(
+                    f"{where} migrate: {wrong}; expected from, to, phase (old|both|new), "
+                    "and optionally group, presence_ttl"
+                )
+            if spec["phase"] not in ("old", "both", "new"):
+                raise ConfigError(f"{where} migrate.phase = {spec['phase']!r}; expected old, both or new")
             backends[name] = BackendSpec(name, "migrate://", {}, spec)
             continue
         if "url" not in table:
@@ -163,8 +172,10 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
         if backend_spec.migrate is not None:
             for role in ("from", "to"):
                 ref = backend_spec.migrate.get(role)
-                if ref not in backends or ref == name:
-                    raise ConfigError(f"{source}: [backends.{name}] migrate.{role} = {ref!r} names no other backend")
+                if ref not in backends or ref == name or backends[ref].migrate is not None:
+                    raise ConfigError(
+                        f"{source}: [backends.{name}] migrate.{role} = {ref!r} must name another, non-migrate backend"
+                    )
     return Settings(backends, tuple(routes), default, source)
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "Guarantees",
     "HolderInfo",
     "LeaseEvents",
+    "Presence",
     "RenewRequest",
 ]
 
@@ -234,6 +235,23 @@ class AsyncDriver(Protocol):
     async def ping(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Presence(Protocol):
+    """Optional driver capability: short-lived "who is alive" records, for ``migrate`` fleet safety.
+
+    A record lives ``ttl`` seconds after its last ``announce`` (``None``: until withdrawn), counted by the
+    backend (server time, a session, a lease), so that a crashed client disappears on its own.
+    ``members`` returns only live records. Reads must be linearizable with announces: a client that
+    announces and then reads is guaranteed to see every record announced before its own.
+    """
+
+    def announce(self, group: str, member: str, value: str, ttl: float | None) -> None: ...
+
+    def withdraw(self, group: str, member: str) -> None: ...
+
+    def members(self, group: str) -> dict[str, str]: ...
 
 
 def renew_each(driver: Driver, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:

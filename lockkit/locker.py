@@ -21,6 +21,7 @@ from .errors import ConfigError, LockError
 from .lease import LostCallback
 from .lock import DEFAULT_TTL, Lock, LockCore
 from .names import validate_name
+from .offload import ThreadOffloadDriver
 from .registry import open_async_driver, open_driver
 from .timing import Clock, default_clock
 from .urls import BackendURL, parse_url
@@ -53,18 +54,20 @@ class _LockerBase(Generic[D]):
         self.clock = clock or default_clock
         self._backends: dict[str, Backend[D]] = {}
         self._closed = False
-        migrating = [s.name for s in settings.backends.values() if s.migrate is not None]
-        if migrating:
-            raise ConfigError(
-                f"{settings.source}: backend {migrating[0]!r} uses 'migrate', which this version of lockkit "
-                "does not support yet; point call sites at one backend"
-            )
         try:
             for spec in settings.backends.values():
-                url = _backend_url(spec, settings.source)
-                backend: Backend[D] = Backend(spec.name, str(url), self.clock)
+                if spec.migrate is not None:
+                    shown = f"migrate {spec.migrate['from']} -> {spec.migrate['to']} ({spec.migrate['phase']})"
+                else:
+                    url = _backend_url(spec, settings.source)
+                    shown = str(url)
+                backend: Backend[D] = Backend(spec.name, shown, self.clock)
+                ctx = DriverContext(clock=self.clock, events=backend)
                 try:
-                    driver = self._open(url, DriverContext(clock=self.clock, events=backend))
+                    if spec.migrate is not None:
+                        driver = self._wrap(self._open_migrate(spec, ctx))
+                    else:
+                        driver = self._open(url, ctx)
                 except ConfigError as exc:
                     raise ConfigError(f"{settings.source}: backend {spec.name!r}: {exc}") from None
                 backend.attach(driver)
@@ -75,6 +78,29 @@ class _LockerBase(Generic[D]):
 
     def _open(self, url: BackendURL, ctx: DriverContext) -> D:
         raise NotImplementedError
+
+    def _wrap(self, driver: Driver) -> D:
+        """The face's view of a blocking driver (itself, or a thread offload for asyncio)."""
+        raise NotImplementedError
+
+    def _open_migrate(self, spec: BackendSpec, ctx: DriverContext) -> Driver:
+        from .drivers.migrate import MigrateDriver, MigrateOptions
+
+        assert spec.migrate is not None
+        migrate = spec.migrate
+        try:
+            ttl = float(migrate.get("presence_ttl", "15"))
+        except ValueError:
+            raise ConfigError(f"migrate.presence_ttl must be a number, got {migrate['presence_ttl']!r}") from None
+        options = MigrateOptions(migrate["phase"], migrate.get("group", spec.name), ttl)
+        # The components get their own connections, and report session events to the migrate backend.
+        old = open_driver(_backend_url(self.settings.backends[migrate["from"]], self.settings.source), ctx)
+        try:
+            new = open_driver(_backend_url(self.settings.backends[migrate["to"]], self.settings.source), ctx)
+        except BaseException:
+            old.close()
+            raise
+        return MigrateDriver(old, new, options, ctx)
 
     def _abandon(self) -> None:
         """Close what a failed constructor already opened (best effort, synchronous drivers only)."""
@@ -124,6 +150,9 @@ class Locker(_LockerBase[Driver]):
     def _open(self, url: BackendURL, ctx: DriverContext) -> Driver:
         return open_driver(url, ctx)
 
+    def _wrap(self, driver: Driver) -> Driver:
+        return driver
+
     def lock(
         self,
         name: str,
@@ -151,6 +180,13 @@ class Locker(_LockerBase[Driver]):
             "lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done
         )
         return done
+
+    def migrations(self) -> dict[str, Any]:
+        """The migrate backends of this configuration: name → their :class:`MigrateDriver`."""
+        from .drivers.migrate import MigrateDriver
+
+        self._check_open()
+        return {n: b.driver for n, b in self._backends.items() if isinstance(b.driver, MigrateDriver)}
 
     def check(self) -> dict[str, float | LockError]:
         """Round-trip time in seconds per backend, or the error that reaching it raised."""
@@ -192,6 +228,9 @@ class AsyncLocker(_LockerBase[AsyncDriver]):
 
     def _open(self, url: BackendURL, ctx: DriverContext) -> AsyncDriver:
         return open_async_driver(url, ctx)
+
+    def _wrap(self, driver: Driver) -> AsyncDriver:
+        return ThreadOffloadDriver(driver)
 
     def lock(
         self,

@@ -96,8 +96,10 @@ def _parse_host(part: str, shown: str) -> tuple[str, int | None]:
 
 def parse_url(url: object) -> BackendURL:
     """Split a backend URL into its parts; raise :class:`ConfigError` naming the (masked) URL."""
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"a backend URL must be a non-empty str, got {type(url).__name__}")
+    if not isinstance(url, str):
+        raise ConfigError(f"a backend URL must be a str, got {type(url).__name__}")
+    if not url:
+        raise ConfigError("the backend URL is empty; e.g. redis://localhost:6379/0")
     shown = redact(url)
     if "://" not in url:
         raise ConfigError(f"{shown!r} is not a URL: expected scheme://…, e.g. redis://localhost:6379/0")

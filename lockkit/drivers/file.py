@@ -276,6 +276,47 @@ class FileDriver:
                 True, token_hint(token), record.slot.fence, record.slot.expires - now, len(record.waiters)
             )
 
+    # -- presence (migrate:// fleet safety): one JSON map per group, replaced under the group's flock --
+
+    @contextlib.contextmanager
+    def _presence(self, group: str) -> Iterator[dict[str, Any]]:
+        digest = hashlib.sha256(group.encode("utf-8")).hexdigest()
+        lock_path, data_path = self.directory / f"presence-{digest}.lock", self.directory / f"presence-{digest}.json"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                records: dict[str, Any] = json.loads(data_path.read_bytes())
+            except FileNotFoundError:
+                records = {}
+            except (OSError, ValueError) as exc:
+                raise BackendUnavailable(f"presence file {data_path} is unreadable ({exc}); delete it") from None
+            now = time.monotonic()
+            live = {
+                m: r
+                for m, r in records.items()
+                if r.get("expires") is None or (r.get("boot") == self._boot and r["expires"] > now)
+            }
+            yield live
+            tmp = data_path.with_suffix(f".tmp{os.getpid()}-{secrets.token_hex(4)}")
+            tmp.write_text(json.dumps(live))
+            os.replace(tmp, data_path)
+        finally:
+            os.close(fd)
+
+    def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        with self._presence(group) as live:
+            expires = None if ttl is None else time.monotonic() + ttl
+            live[member] = {"value": value, "expires": expires, "boot": self._boot}
+
+    def withdraw(self, group: str, member: str) -> None:
+        with self._presence(group) as live:
+            live.pop(member, None)
+
+    def members(self, group: str) -> dict[str, str]:
+        with self._presence(group) as live:
+            return {m: str(r["value"]) for m, r in live.items()}
+
     def ping(self) -> None:
         if not os.access(self.directory, os.W_OK):
             raise BackendUnavailable(f"lock directory {self.directory} is not writable")

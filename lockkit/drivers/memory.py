@@ -28,6 +28,7 @@ class _Space:
         self.slots: dict[str, Slot] = {}
         self.conditions: dict[str, threading.Condition] = {}
         self.waiting: dict[str, int] = {}
+        self.presence: dict[str, dict[str, tuple[str, float | None]]] = {}
 
     def condition(self, name: str) -> threading.Condition:
         found = self.conditions.get(name)
@@ -146,6 +147,21 @@ class MemoryDriver:
             if slot is None or token is None:
                 return HolderInfo(False, waiters=waiters)
             return HolderInfo(True, token_hint(token), slot.fence, slot.expires - now, waiters)
+
+    def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        expires = None if ttl is None else self._clock() + ttl
+        with self._space.mutex:
+            self._space.presence.setdefault(group, {})[member] = (value, expires)
+
+    def withdraw(self, group: str, member: str) -> None:
+        with self._space.mutex:
+            self._space.presence.get(group, {}).pop(member, None)
+
+    def members(self, group: str) -> dict[str, str]:
+        now = self._clock()
+        with self._space.mutex:
+            records = self._space.presence.get(group, {})
+            return {m: v for m, (v, exp) in records.items() if exp is None or exp > now}
 
     def ping(self) -> None:
         pass

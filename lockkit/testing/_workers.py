@@ -8,8 +8,11 @@ from pathlib import Path
 import lockkit
 
 
-def increment_under_lock(url: str, name: str, counter: str, rounds: int, log: str) -> None:
-    """Read-modify-write a counter file ``rounds`` times under the lock, logging enter/exit times."""
+def increment_under_lock(url: str | None, name: str, counter: str, rounds: int, log: str) -> None:
+    """Read-modify-write a counter file ``rounds`` times under the lock, logging enter/exit times.
+
+    ``url=None`` uses ``lockkit.connect()``'s own resolution (``LOCKKIT_URL``, ``LOCKKIT_CONFIG``, …).
+    """
     with lockkit.connect(url) as locks:
         lock = locks.lock(name, ttl=10)
         for _ in range(rounds):
