@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .config import resolve_settings
@@ -199,6 +200,33 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+    from .config import load_file
+
+    if args.url:
+        config: dict[str, Any] = {"backends": {"default": {"url": args.url}}}
+    else:
+        settings = resolve_settings() if not args.config else load_file(args.config)
+        config = {
+            "backends": {n: {"url": s.url, **s.options} for n, s in settings.backends.items() if not s.migrate},
+            "default": next(n for n, s in settings.backends.items() if not s.migrate),
+        }
+    results = bench.run(
+        config,
+        rounds=args.rounds,
+        processes=args.processes,
+        seconds=args.seconds,
+        renew_locks=args.renew_locks,
+        renew_seconds=args.renew_seconds,
+    )
+    print(bench.to_json(results) if args.json else bench.table(results))
+    if args.plot:
+        bench.plot(results, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -269,6 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--ttl", type=float, default=2.0, help="lease TTL of the workers (default 2)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(func=_cmd_verify)
+
+    bench = sub.add_parser("bench", help="measure latency, contention and renewal cost per backend")
+    bench.add_argument("--url", help="benchmark this URL (default: every configured backend)")
+    bench.add_argument("--config", help="a lockkit.toml to use")
+    bench.add_argument("--rounds", type=_positive_int, default=500, help="uncontended acquire+release pairs")
+    bench.add_argument("--processes", type=_positive_int, default=4, help="contending processes (default 4)")
+    bench.add_argument("--seconds", type=float, default=5.0, help="contention run length (default 5)")
+    bench.add_argument("--renew-locks", type=_positive_int, default=1000, help="locks held for the renewal run")
+    bench.add_argument("--renew-seconds", type=float, default=5.0, help="renewal run length (default 5)")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw latency and handoffs (needs lockkit[plot])")
+    bench.set_defaults(func=_cmd_bench)
 
     demo = sub.add_parser("demo", help="show lost updates without a lock, and none with lockkit")
     demo.add_argument("--url", help="backend to demo on (default: the embedded file:// backend)")

@@ -107,10 +107,16 @@ class RenewalBook:
         return batches, expired
 
     def next_wakeup(self) -> float | None:
+        """The next instant something is due: a deadline, or a renewal on a backend with no batch in flight.
+
+        Renewals waiting for a busy backend are left out: the batch's completion wakes the scheduler, and
+        counting them would make it spin while a slow batch runs.
+        """
         times: list[float] = []
+        busy = {e.target for e in self._entries.values() if e.in_flight}
         for entry in self._entries.values():
             times.append(entry.lease.expires_at)
-            renewing = entry.auto_renew and not entry.in_flight
+            renewing = entry.auto_renew and not entry.in_flight and entry.target not in busy
             if renewing and (entry.stop_renewing_at is None or entry.next_renew < entry.stop_renewing_at):
                 times.append(entry.next_renew)
         return min(times) if times else None

@@ -85,3 +85,19 @@ def test_book_batches_and_coalesces() -> None:
 def test_scheduler_is_per_process_and_clock() -> None:
     assert scheduler(time.monotonic) is scheduler(time.monotonic)
     assert scheduler(_Clock()) is not scheduler(time.monotonic)
+
+
+def test_book_does_not_spin_while_a_batch_is_in_flight() -> None:
+    clock = _Clock()
+    with lockkit.connect("memory://book-busy", clock=clock) as locks:
+        leases = [locks.lock(f"s{i}", ttl=3, auto_renew=False).acquire() for i in range(2)]
+        backend = locks.backend_for("s0")
+        book = RenewalBook(clock)
+        book.add(leases[0], backend, 3, True, None)
+        clock.now = 0.95
+        _batches, _ = book.take_due(clock.now)  # s0 goes in flight
+        book.add(leases[1], backend, 3, True, None)  # due at once, but its backend is busy
+        clock.now = 1.5
+        assert book.take_due(clock.now) == ({}, [])
+        # only the deadlines remain to wake for: the batch's completion wakes the scheduler for the rest
+        assert book.next_wakeup() == min(lease.expires_at for lease in leases)

@@ -1,0 +1,207 @@
+"""``lockkit bench``: the numbers a team needs to choose a backend, measured on its own servers.
+
+For each backend (a ``--url``, or every configured backend):
+
+* **uncontended** — acquire + release of fresh names, one after another: median and p99 latency;
+* **contention** — N processes on one name, each holding about 1 ms: handoffs per second (an acquisition by
+  a different process than the previous holder), fairness (fewest / most acquisitions per process) and the
+  p99 wait;
+* **renewal** — K locks held with auto-renewal for a few seconds in one process: whether every lock is still
+  held at the end, the CPU time the renewals cost, and the threads lockkit used.
+
+Benchmarks against the raw server commands and other libraries live in the repository's ``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lockkit
+
+from .errors import ConfigError
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    url: str
+    uncontended_ms_p50: float
+    uncontended_ms_p99: float
+    handoffs_per_s: float
+    fairness: float
+    wait_ms_p99: float
+    renewal_locks: int
+    renewal_all_held: bool
+    renewal_cpu_s: float
+    renewal_threads: int
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _progress(label: str, done: int, total: int) -> None:
+    if sys.stderr.isatty():
+        width = 30
+        filled = int(width * done / max(1, total))
+        sys.stderr.write(f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def uncontended(locks: lockkit.Locker, backend: str, rounds: int) -> list[float]:
+    prefix = f"bench:{uuid.uuid4().hex[:8]}:"
+    samples = []
+    for i in range(rounds):
+        lock = locks.lock(f"{prefix}{i}", ttl=10, backend=backend, auto_renew=False)
+        start = time.perf_counter()
+        lock.acquire()
+        lock.release()
+        samples.append((time.perf_counter() - start) * 1000)
+        _progress(f"{backend}: uncontended", i + 1, rounds)
+    return samples
+
+
+def _contender(config: dict[str, Any], backend: str, name: str, until: float, out: str) -> None:
+    lines = []
+    with lockkit.from_config(config) as locks:
+        lock = locks.lock(name, ttl=10, backend=backend)
+        while time.monotonic() < until:
+            asked = time.monotonic()
+            try:
+                lock.acquire(timeout=max(0.0, until - asked))
+            except lockkit.LockTimeout:
+                break
+            got = time.monotonic()
+            time.sleep(0.001)
+            lock.release()
+            lines.append(f"{got} {got - asked} {os.getpid()}\n")
+    Path(out).write_text("".join(lines))
+
+
+def contention(config: dict[str, Any], backend: str, processes: int, seconds: float) -> tuple[float, float, float]:
+    ctx = multiprocessing.get_context("spawn")
+    name = f"bench:contend:{uuid.uuid4().hex[:8]}"
+    outs = [f"{os.environ.get('TMPDIR', '/tmp')}/lockkit-bench-{uuid.uuid4().hex}" for _ in range(processes)]
+    until = time.monotonic() + seconds + 1.5  # spawned interpreters need a moment to start
+    procs = [ctx.Process(target=_contender, args=(config, backend, name, until, out)) for out in outs]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(seconds + 60)
+    events = []
+    for out in outs:
+        path = Path(out)
+        if path.exists():
+            events += [tuple(map(float, line.split())) for line in path.read_text().splitlines()]
+            path.unlink()
+    events.sort()
+    if len(events) < 2:
+        return 0.0, 0.0, 0.0
+    handoffs = sum(1 for a, b in itertools.pairwise(events) if a[2] != b[2])
+    span = events[-1][0] - events[0][0]
+    per_process = [sum(1 for e in events if e[2] == pid) for pid in {e[2] for e in events}]
+    fairness = min(per_process) / max(per_process) if len(per_process) == processes else 0.0
+    return handoffs / span if span > 0 else 0.0, fairness, _quantile([e[1] * 1000 for e in events], 0.99)
+
+
+def renewal(locks: lockkit.Locker, backend: str, count: int, seconds: float) -> tuple[bool, float, int]:
+    prefix = f"bench:renew:{uuid.uuid4().hex[:8]}:"
+    held = []
+    for i in range(count):
+        lock = locks.lock(f"{prefix}{i}", ttl=2, backend=backend)
+        lock.acquire()
+        held.append(lock)
+        if i % 100 == 0:
+            _progress(f"{backend}: taking locks", i, count)
+    _progress(f"{backend}: taking locks", count, count)
+    cpu0 = time.process_time()
+    time.sleep(seconds)
+    cpu = time.process_time() - cpu0
+    all_held = all(lock.owned() for lock in held) and all(
+        locks.holder(lock.name, backend=backend).held for lock in held[:: max(1, count // 100)]
+    )
+    threads = sum(1 for t in threading.enumerate() if t.name.startswith("lockkit"))
+    for lock in held:
+        lock.release()
+    return all_held, cpu, threads
+
+
+def run(
+    config: dict[str, Any], *, rounds: int, processes: int, seconds: float, renew_locks: int, renew_seconds: float
+) -> list[BenchResult]:
+    results = []
+    with lockkit.from_config(config) as locks:
+        for backend, shown in locks.describe().items():
+            lat = uncontended(locks, backend, rounds)
+            rate, fairness, wait_p99 = contention(config, backend, processes, seconds)
+            all_held, cpu, threads = renewal(locks, backend, renew_locks, renew_seconds)
+            results.append(
+                BenchResult(
+                    backend,
+                    shown,
+                    statistics.median(lat),
+                    _quantile(lat, 0.99),
+                    rate,
+                    fairness,
+                    wait_p99,
+                    renew_locks,
+                    all_held,
+                    cpu,
+                    threads,
+                )
+            )
+    return results
+
+
+def table(results: list[BenchResult]) -> str:
+    header = (
+        f"{'backend':<12}{'acq+rel p50':>12}{'p99':>9}{'handoffs/s':>12}{'fairness':>10}{'wait p99':>10}{'renewal':>22}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        renew = f"{r.renewal_locks} {'held' if r.renewal_all_held else 'LOST'} {r.renewal_cpu_s:.2f}cpu-s"
+        lines.append(
+            f"{r.backend:<12}{r.uncontended_ms_p50:>10.2f}ms{r.uncontended_ms_p99:>7.2f}ms"
+            f"{r.handoffs_per_s:>12.0f}{r.fairness:>10.2f}{r.wait_ms_p99:>8.1f}ms{renew:>22}"
+        )
+    return "\n".join(lines)
+
+
+def to_json(results: list[BenchResult]) -> str:
+    return json.dumps([asdict(r) for r in results], indent=2)
+
+
+def plot(results: list[BenchResult], path: str) -> None:
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'lockkit[plot]'") from None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r.backend for r in results]
+    left.bar(names, [r.uncontended_ms_p50 for r in results], label="median")
+    left.scatter(names, [r.uncontended_ms_p99 for r in results], color="black", label="p99", zorder=3)
+    left.set_ylabel("acquire + release (ms)")
+    left.set_title("uncontended latency")
+    left.legend()
+    right.bar(names, [r.handoffs_per_s for r in results], color="tab:green")
+    right.set_ylabel("handoffs / s")
+    right.set_title("4-way contention")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
