@@ -27,7 +27,7 @@ def test_a_real_lock_survives_kills_and_pauses(tmp_path: Path) -> None:
 def test_a_fake_lock_is_caught() -> None:
     # memory:// locks only within one process: across processes it is exactly the "fake lock" users fear.
     done = subprocess.run(
-        [*VERIFY, "--url", "memory://fake", "--processes", "3", "--duration", "2"],
+        [*VERIFY, "--url", "memory://fake", "--processes", "3", "--duration", "5"],
         capture_output=True,
         text=True,
         timeout=120,

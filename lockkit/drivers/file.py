@@ -1,14 +1,12 @@
 """``file:///dir``: locks shared by the processes of one host (the embedded default).
 
-Layout: one pair of files per lock name in ``dir``, named by the SHA-256 of the
-name (so any name fits a file name and two names never share one)::
-
-    <sha256(name)>.lock    empty; flock()ed for every read-modify-write
-    <sha256(name)>.json    {"name", "boot", "token", "expires", "fence", "waiters"}
-
-The JSON record is replaced atomically (write a temporary file, ``rename``),
-so a crash never leaves it half-written; ``fsync=true`` also makes the
-fencing counter survive a power loss. Expiry is stored on ``CLOCK_MONOTONIC``,
+Layout: one file per lock name in ``dir``, named by the SHA-256 of the name (so
+any name fits a file name and two names never share one), ``flock()``ed for
+every read-modify-write and holding the record
+``{"name", "boot", "token", "expires", "fence", "waiters"}`` in two
+checksummed slots written alternately (:mod:`._file_record`), so a crash never
+leaves it half-written; ``fsync=true`` also makes the fencing counter survive
+a power loss. Expiry is stored on ``CLOCK_MONOTONIC``,
 which Linux keeps system-wide, together with the boot id: after a reboot every
 lock is free (its holder is gone) while the fencing counter carries on.
 
@@ -26,7 +24,6 @@ import errno
 import fcntl
 import functools
 import hashlib
-import json
 import os
 import secrets
 import socket
@@ -40,9 +37,10 @@ from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Renew
 from ..errors import BackendUnavailable, ConfigError
 from ..lease import token_hint
 from ..urls import BackendURL, parse_options
+from . import _file_record
 from ._slot import Slot
 
-MAX_WAITERS = 4096
+MAX_WAITERS = 1024
 """Beyond this many registered waiters a newcomer only re-checks at the holder's expiry (bounds the record)."""
 
 
@@ -107,49 +105,51 @@ class FileDriver:
 
     # -- the record ------------------------------------------------------------------------
 
-    def _paths(self, name: str) -> tuple[Path, Path]:
-        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
-        return self.directory / f"{digest}.lock", self.directory / f"{digest}.json"
+    def _path(self, name: str) -> Path:
+        return self.directory / f"{hashlib.sha256(name.encode('utf-8')).hexdigest()}.lock"
 
     @contextlib.contextmanager
     def _locked(self, name: str) -> Iterator[tuple[_Record, float]]:
         """Hold the name's flock; yield its record and the monotonic now; write it back if changed."""
-        lock_path, data_path = self._paths(name)
+        path = self._path(name)
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot open lock file {lock_path}: {exc.strerror}") from None
+            raise BackendUnavailable(f"cannot open lock file {path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            record, raw = self._read(name, data_path)
+            try:
+                seq, raw = _file_record.read(fd)
+                record = self._decode(name, raw)
+            except (_file_record.CorruptRecord, ValueError, KeyError, TypeError) as exc:
+                raise BackendUnavailable(
+                    f"lock file {path} is corrupt ({exc}); delete it to reset this lock (its fencing counter restarts)"
+                ) from None
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot read lock file {path}: {exc.strerror}") from None
             yield record, time.monotonic()
-            self._write(name, data_path, record, raw)
+            updated = self._encode(name, record)
+            if updated != raw:
+                try:
+                    _file_record.write(fd, seq, updated, self._options.fsync)
+                except OSError as exc:
+                    raise BackendUnavailable(f"cannot write lock file {path}: {exc.strerror}") from None
         finally:
             os.close(fd)  # closing drops the flock
 
-    def _read(self, name: str, path: Path) -> tuple[_Record, dict[str, Any] | None]:
-        try:
-            text = path.read_bytes()
-        except FileNotFoundError:
-            return _Record(Slot(), []), None
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot read lock file {path}: {exc.strerror}") from None
-        try:
-            raw = json.loads(text)
-            slot = Slot(raw["token"], float(raw["expires"]), int(raw["fence"]))
-            waiters = [str(w) for w in raw["waiters"]]
-            if raw["name"] != name:
-                raise ValueError("the record belongs to another name")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BackendUnavailable(
-                f"lock file {path} is corrupt ({exc}); delete it to reset this lock (its fencing counter restarts)"
-            ) from None
+    def _decode(self, name: str, raw: dict[str, Any] | None) -> _Record:
+        if raw is None:
+            return _Record(Slot(), [])
+        if raw["name"] != name:
+            raise ValueError("the record belongs to another name")
+        slot = Slot(raw["token"], float(raw["expires"]), int(raw["fence"]))
+        waiters = [str(w) for w in raw["waiters"]]
         if raw.get("boot") != self._boot:
             slot.token, slot.expires, waiters = None, 0.0, []  # rebooted: every holder and waiter is gone
-        return _Record(slot, waiters), raw
+        return _Record(slot, waiters)
 
-    def _write(self, name: str, path: Path, record: _Record, before: dict[str, Any] | None) -> None:
-        raw = {
+    def _encode(self, name: str, record: _Record) -> dict[str, Any]:
+        return {
             "name": name,
             "boot": self._boot,
             "token": record.slot.token,
@@ -157,26 +157,14 @@ class FileDriver:
             "fence": record.slot.fence,
             "waiters": record.waiters,
         }
-        if raw == before:
-            return
-        tmp = path.with_suffix(f".tmp{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(raw, handle)
-                if self._options.fsync:
-                    handle.flush()
-                    os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise BackendUnavailable(f"cannot write lock file {path}: {exc.strerror}; nothing was changed") from None
 
     # -- waking ------------------------------------------------------------------------------
 
     def _wake_first(self, record: _Record) -> None:
         """Send one wake-up to the first waiter still alive; drop dead addresses on the way."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            # Never block here: we hold the name's flock, and a waiter with a full queue may be waiting for it.
+            sender.setblocking(False)
             while record.waiters:
                 try:
                     sender.sendto(b"w", "\0" + record.waiters[0])
@@ -235,6 +223,7 @@ class FileDriver:
 
     def _poke(self, address: str) -> None:
         with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.setblocking(False)
             sender.sendto(b"c", "\0" + address)
 
     def _leave(self, name: str, address: str) -> None:
@@ -280,27 +269,23 @@ class FileDriver:
 
     @contextlib.contextmanager
     def _presence(self, group: str) -> Iterator[dict[str, Any]]:
-        digest = hashlib.sha256(group.encode("utf-8")).hexdigest()
-        lock_path, data_path = self.directory / f"presence-{digest}.lock", self.directory / f"presence-{digest}.json"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """The group's live records (``{member: {value, expires, boot}}``), written back on exit."""
+        path = self.directory / f"presence-{hashlib.sha256(group.encode('utf-8')).hexdigest()}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                records: dict[str, Any] = json.loads(data_path.read_bytes())
-            except FileNotFoundError:
-                records = {}
-            except (OSError, ValueError) as exc:
-                raise BackendUnavailable(f"presence file {data_path} is unreadable ({exc}); delete it") from None
+                seq, raw = _file_record.read(fd)
+            except (_file_record.CorruptRecord, OSError) as exc:
+                raise BackendUnavailable(f"presence file {path} is unreadable ({exc}); delete it") from None
             now = time.monotonic()
             live = {
                 m: r
-                for m, r in records.items()
+                for m, r in (raw or {}).items()
                 if r.get("expires") is None or (r.get("boot") == self._boot and r["expires"] > now)
             }
             yield live
-            tmp = data_path.with_suffix(f".tmp{os.getpid()}-{secrets.token_hex(4)}")
-            tmp.write_text(json.dumps(live))
-            os.replace(tmp, data_path)
+            _file_record.write(fd, seq, live, self._options.fsync)
         finally:
             os.close(fd)
 

@@ -1,0 +1,182 @@
+"""Redis and Redlock drivers against the raw redis-py floor (issue 3's "Speed" section).
+
+    .venv/bin/python benchmarks/bench_redis.py [--ops 400] [--rounds 5] [--contend 5] [--locks 10000] [--hold 10]
+
+Starts its own throw-away servers on loopback (backends/servers.py). Three parts:
+
+1. Uncontended acquire+release on distinct names, interleaved in rounds with the raw
+   floor (redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete, script preloaded):
+   median and p99 per operation, ratios of medians against the floor.
+2. 4 processes contending on one name, each holding ~1 ms: handoffs/s (an acquisition by
+   a different process than the previous holder), fairness (fewest/most acquisitions per
+   process), p99 wait.
+3. N locks held with auto-renewal (ttl 2 s) for a while in one process: all still held at
+   the end (checked from a separate connection), extra threads, renewal CPU against a raw
+   pipeline of the same PEXPIREs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import itertools
+
+import redis
+
+import lockkit
+from backends.servers import RedisServer, RedlockServers
+
+CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: int) -> None:
+    client = redis.Redis(port=port)
+    sha = client.script_load(CAD)
+    single = lockkit.connect(redis_url)
+    quorum = lockkit.connect(redlock_url)
+    samples: dict[str, list[float]] = {"floor": [], "redis://": [], "redlock://": []}
+
+    def floor(name: str) -> None:
+        client.set(name, "token", nx=True, px=10_000)
+        client.evalsha(sha, 1, name, "token")
+
+    def via(locks: lockkit.Locker) -> object:
+        def op(name: str) -> None:
+            lock = locks.lock(name, ttl=10)
+            lock.acquire()
+            lock.release()
+        return op
+
+    runners = {"floor": floor, "redis://": via(single), "redlock://": via(quorum)}
+    for warm in runners.values():
+        for i in range(50):
+            warm(f"warm-{uuid.uuid4().hex}-{i}")  # type: ignore[operator]
+    for _ in range(rounds):
+        for label, run in runners.items():
+            prefix = uuid.uuid4().hex
+            for i in range(ops):
+                started = time.perf_counter()
+                run(f"bench:{prefix}:{i}")  # type: ignore[operator]
+                samples[label].append(time.perf_counter() - started)
+    base = statistics.median(samples["floor"])
+    print("\n## Uncontended acquire+release (µs per operation)")
+    print(f"{'':12} {'median':>8} {'p99':>8} {'ratio':>6}")
+    for label, values in samples.items():
+        med = statistics.median(values)
+        print(f"{label:12} {med * 1e6:8.0f} {pct(values, 0.99) * 1e6:8.0f} {med / base:6.2f}")
+    single.close()
+    quorum.close()
+
+
+def contender(url: str, name: str, seconds: float, start: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    locks = lockkit.connect(url)
+    lock = locks.lock(name, ttl=5)
+    records = []
+    while time.time() < start:
+        time.sleep(0.001)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        asked = time.monotonic()
+        lock.acquire(timeout=10)
+        got = time.monotonic()
+        spin = got + 0.001
+        while time.monotonic() < spin:
+            pass
+        lock.release()
+        records.append((got, os.getpid(), got - asked))
+    locks.close()
+    out.put(records)
+
+
+def contention(url: str, seconds: float, procs: int = 4) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    name = f"bench:hot:{uuid.uuid4().hex}"
+    start = time.time() + 1.5
+    workers = [ctx.Process(target=contender, args=(url, name, seconds, start, queue)) for _ in range(procs)]
+    for w in workers:
+        w.start()
+    records = [r for _ in workers for r in queue.get(timeout=seconds + 60)]
+    for w in workers:
+        w.join()
+    records.sort()
+    handoffs = sum(1 for a, b in itertools.pairwise(records) if a[1] != b[1])
+    counts = [sum(1 for r in records if r[1] == w.pid) for w in workers]
+    waits = [r[2] for r in records]
+    print(f"\n## {procs} processes contending on one name, ~1 ms hold, {seconds:g} s ({url.split(':')[0]}://)")
+    print(f"acquisitions {len(records)}, handoffs/s {handoffs / seconds:.0f}, "
+          f"fairness {min(counts) / max(counts):.2f} {counts}, p50 wait {pct(waits, 0.5) * 1e3:.1f} ms, "
+          f"p99 wait {pct(waits, 0.99) * 1e3:.1f} ms, max wait {max(waits) * 1e3:.1f} ms")
+
+
+def scale(url: str, port: int, n: int, hold: float) -> None:
+    threads_before = threading.active_count()
+    locks = lockkit.connect(url)
+    prefix = f"bench:scale:{uuid.uuid4().hex}"
+    leases = [locks.lock(f"{prefix}:{i}", ttl=2).acquire() for i in range(n)]
+    cpu0, t0 = time.process_time(), time.monotonic()
+    time.sleep(hold)
+    renew_cpu = time.process_time() - cpu0
+    elapsed = time.monotonic() - t0
+    extra_threads = threading.active_count() - threads_before
+    checker = redis.Redis(port=port)
+    pipe = checker.pipeline(transaction=False)
+    for i in range(n):
+        pipe.get(f"lockkit:{{{prefix}:{i}}}")
+    values = pipe.execute()
+    held = sum(1 for lease, v in zip(leases, values, strict=False) if v == lease.token.encode() and lease.valid)
+    stats = locks.stats()[locks.backends()[0]]
+    renewals = stats["renewals"]
+    logging.getLogger("lockkit").setLevel(logging.ERROR)  # closing a locker "loses" its 10,000 leases
+    locks.close()
+    rounds = max(1, round(renewals / n))
+    keys = [f"lockkit:{{{prefix}:{i}}}" for i in range(n)]
+    cpu1 = time.process_time()
+    for _ in range(rounds):
+        pipe = checker.pipeline(transaction=False)
+        for key in keys:
+            pipe.pexpire(key, 2000)
+        pipe.execute()
+    raw_cpu = time.process_time() - cpu1
+    print(f"\n## {n} locks held with auto-renewal (ttl 2 s) for {elapsed:.1f} s")
+    print(f"still held at the end: {held}/{n} (losses {stats['losses']}); extra threads: {extra_threads}; "
+          f"renewal rounds: {rounds}; "
+          f"renewal CPU {renew_cpu:.2f} s vs raw PEXPIRE pipelines {raw_cpu:.2f} s ({renew_cpu / raw_cpu:.2f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, default=400, help="operations per round and variant")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--contend", type=float, default=5.0, help="seconds of the contention run")
+    parser.add_argument("--locks", type=int, default=10_000, help="locks held in the scale run")
+    parser.add_argument("--hold", type=float, default=10.0, help="seconds the scale run holds them")
+    args = parser.parse_args()
+    print(f"# lockkit Redis benchmark: Python {platform.python_version()}, redis-py {redis.__version__}, "
+          f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}")
+    with RedisServer() as single, RedlockServers(5) as group:
+        uncontended(single.url, single.port, group.url, args.ops, args.rounds)
+        contention(single.url, args.contend)
+        contention(group.url, args.contend)
+        scale(single.url, single.port, args.locks, args.hold)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Redis and Redlock URLs, options, connection pools, and the first-connect checks.
+
+Everything here is shared by the blocking and the asyncio faces: the options
+dataclasses (parsed strictly from the URL query), the :class:`NodeSpec` of each
+server, the pool builders for redis-py's two clients, and the "hello" a fresh
+connection sends before its first command (``INFO server`` for the server's
+``run_id``, ``CONFIG GET maxmemory-policy``, and ``SCRIPT LOAD`` the first time).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.backoff import NoBackoff
+from redis.exceptions import NoPermissionError, ResponseError
+from redis.retry import Retry
+
+from ..errors import ConfigError
+from ..urls import BackendURL, parse_options
+from ._redis_keys import DEFAULT_PREFIX, check_prefix
+from ._redis_scripts import ALL
+
+__all__ = ["NodeSpec", "NodeState", "RedisOptions", "RedlockOptions", "apply_hello", "hello_commands"]
+
+log = logging.getLogger("lockkit")
+DEFAULT_PORT = 6379
+
+try:  # redis-py ≥ 7: lib_name/lib_version are deprecated in favour of driver_info
+    from redis.driver_info import DriverInfo
+
+    # no CLIENT SETINFO on connect: one round trip less per connection, and fewer ACL rules
+    _NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
+except ImportError:  # pragma: no cover - older redis-py
+    _NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
+
+
+@dataclass(frozen=True)
+class _Common:
+    prefix: str = DEFAULT_PREFIX
+    """Key prefix (no ``{`` or ``}``)."""
+    timeout: float = 2.0
+    """Socket timeout of one operation, seconds."""
+    connect_timeout: float = 2.0
+    pool_size: int = 64
+    """Connections per server, shared by every lock of the client."""
+    health_check_interval: float = 15.0
+    """PING a pooled connection idle for longer than this before using it (0: off)."""
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_check_hostname: bool = True
+    tls_insecure: bool = False
+    """Skip certificate verification (never the default; for testing only)."""
+    strict: bool = False
+    """Refuse to work with a server whose maxmemory-policy can evict lock keys."""
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+        for what in ("timeout", "connect_timeout"):
+            if not getattr(self, what) > 0:
+                raise ConfigError(f"option {what} must be > 0 seconds")
+        if self.pool_size < 1:
+            raise ConfigError("option pool_size must be ≥ 1")
+        if self.health_check_interval < 0:
+            raise ConfigError("option health_check_interval must be ≥ 0")
+
+
+@dataclass(frozen=True)
+class RedisOptions(_Common):
+    db: int | None = None
+    """Database number for unix:// (redis:// takes it from the path)."""
+    min_replicas: int = 0
+    """After a grant, WAIT for this many replicas; fewer → the grant is undone and BackendUnavailable."""
+    replica_timeout: float = 0.1
+
+
+@dataclass(frozen=True)
+class RedlockOptions(_Common):
+    timeout: float = 0.25
+    connect_timeout: float = 0.25
+    tls: bool = False
+    """Connect to every master with TLS (as rediss://)."""
+    retry_delay: float = 0.05
+    """Upper bound of the random delay before retrying after a split vote."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Where and how to connect to one Redis server."""
+
+    label: str
+    """host:port or the socket path: what messages show (never a password)."""
+    host: str | None
+    port: int | None
+    path: str | None
+    db: int
+    username: str | None
+    password: str | None = field(repr=False)
+    tls: bool
+    options: _Common
+
+    def pool_kwargs(self, connect_func: Callable[..., Any] | None) -> dict[str, Any]:
+        o = self.options
+        kwargs: dict[str, Any] = {
+            "db": self.db, "username": self.username, "password": self.password,
+            "socket_timeout": o.timeout, "socket_connect_timeout": o.connect_timeout,
+            "health_check_interval": o.health_check_interval, "retry": Retry(NoBackoff(), 0),
+            "protocol": 2, "redis_connect_func": connect_func, **_NO_CLIENT_SETINFO,
+            "max_connections": o.pool_size, "timeout": o.connect_timeout + o.timeout,
+        }  # fmt: skip
+        if self.path is not None:
+            kwargs["path"] = self.path
+        else:
+            kwargs.update(host=self.host, port=self.port, socket_keepalive=True)
+        if self.tls:
+            kwargs.update(
+                ssl_ca_certs=o.tls_ca, ssl_certfile=o.tls_cert, ssl_keyfile=o.tls_key,
+                ssl_cert_reqs="none" if o.tls_insecure else "required",
+                ssl_check_hostname=o.tls_check_hostname and not o.tls_insecure,
+            )  # fmt: skip
+        return kwargs
+
+
+def _db_from_path(url: BackendURL) -> int | None:
+    path = url.path.strip("/")
+    if not path:
+        return None
+    if not path.isdigit():
+        raise ConfigError(f"the database in {url} must be a number, e.g. /0; got {path!r}")
+    return int(path)
+
+
+def _check_tls(url: BackendURL, options: _Common, tls: bool) -> None:
+    given = [n for n in ("tls_ca", "tls_cert", "tls_key") if getattr(options, n) is not None]
+    if given and not tls:
+        raise ConfigError(f"{', '.join(given)} given but {url} does not use TLS (use rediss:// or tls=true)")
+    if bool(options.tls_cert) != bool(options.tls_key):
+        raise ConfigError(f"tls_cert and tls_key go together in {url}")
+    if tls and options.tls_insecure:
+        log.warning("lockkit: TLS certificate verification is OFF for %s (tls_insecure=true)", url)
+
+
+def redis_nodes(url: BackendURL) -> tuple[NodeSpec, RedisOptions]:
+    options = parse_options(RedisOptions, url.options, url)
+    if options.min_replicas < 0 or options.replica_timeout <= 0:
+        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}")
+    tls = url.scheme == "rediss"
+    _check_tls(url, options, tls)
+    if url.scheme == "unix":
+        if url.hosts or not url.path:
+            raise ConfigError(f"unix:// takes a socket path, e.g. unix:///run/redis.sock?db=0; got {url}")
+        spec = NodeSpec(url.path, None, None, url.path, options.db or 0, url.username, url.password, False, options)
+        return spec, options
+    if len(url.hosts) != 1:
+        raise ConfigError(f"{url.scheme}:// takes exactly one host (use redlock:// for several); got {url}")
+    db = _db_from_path(url)
+    if db is not None and options.db is not None and db != options.db:
+        raise ConfigError(f"database given twice (path and db=) in {url}")
+    (host, port), = url.host_port(DEFAULT_PORT)
+    label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    spec = NodeSpec(label, host, port, None, db if db is not None else options.db or 0,
+                    url.username, url.password, tls, options)
+    return spec, options
+
+
+def redlock_nodes(url: BackendURL) -> tuple[list[NodeSpec], RedlockOptions]:
+    options = parse_options(RedlockOptions, url.options, url)
+    if options.retry_delay < 0:
+        raise ConfigError(f"retry_delay must be ≥ 0 in {url}")
+    _check_tls(url, options, options.tls)
+    endpoints = url.host_port(DEFAULT_PORT)
+    if len(endpoints) < 3:
+        raise ConfigError(
+            f"redlock:// needs at least 3 independent masters (5 is usual), got {len(endpoints)} in {url}"
+        )
+    seen: set[tuple[str, int]] = set()
+    for host, port in endpoints:
+        key = (host.lower(), port)
+        if key in seen:
+            raise ConfigError(f"redlock:// lists {host}:{port} twice in {url}: a node counted twice fakes a quorum")
+        seen.add(key)
+    if len(endpoints) % 2 == 0:
+        log.warning("lockkit: redlock with an even number of masters (%d) tolerates no more failures than %d; "
+                    "use an odd number", len(endpoints), len(endpoints) - 1)
+    db = _db_from_path(url) or 0
+    specs = [NodeSpec(f"[{h}]:{p}" if ":" in h else f"{h}:{p}", h, p, None, db, url.username, url.password,
+                      options.tls, options) for h, p in endpoints]
+    return specs, options
+
+
+# -- the hello of a fresh connection -------------------------------------------------------
+
+
+@dataclass
+class NodeState:
+    """What a driver knows about one server, updated by every fresh connection's hello."""
+
+    label: str
+    strict: bool
+    run_id: str | None = None
+    epoch: int = 0
+    """Bumped whenever the server's run_id changes (it restarted): Redlock's renew guard compares it."""
+    warned: set[str] = field(default_factory=set)
+    refused: ConfigError | None = None
+    """Set once ``strict`` refused the server: every later operation fails without I/O."""
+
+
+_INFO = ("INFO", "server")
+_POLICY = ("CONFIG", "GET", "maxmemory-policy")
+
+
+def hello_commands(state: NodeState) -> list[tuple[Any, ...]]:
+    """What a fresh connection sends before its first command (pipelined with it)."""
+    commands: list[tuple[Any, ...]] = [_INFO, _POLICY]
+    if state.run_id is None:
+        commands += [("SCRIPT", "LOAD", script.source) for script in ALL]
+    return commands
+
+
+def _warn_once(state: NodeState, key: str, message: str, *args: object) -> None:
+    if key not in state.warned:
+        state.warned.add(key)
+        log.warning(message, *args)
+
+
+def apply_hello(state: NodeState, replies: Sequence[Any]) -> None:
+    """Learn the run_id and check the eviction policy; raise ConfigError if ``strict`` refuses."""
+    info, policy = replies[0], replies[1]
+    if isinstance(info, bytes):
+        for line in info.split(b"\r\n"):
+            if line.startswith(b"run_id:"):
+                run_id = line[7:].decode()
+                if state.run_id is not None and run_id != state.run_id:
+                    state.epoch += 1
+                    log.warning(
+                        "lockkit: redis %s restarted (its run_id changed): locks held there were lost unless it "
+                        "persists data, and its fencing counters may have gone back", state.label)
+                state.run_id = run_id
+    elif isinstance(info, ResponseError):
+        _warn_once(state, "info", "lockkit: redis %s denies INFO (%s): restarts cannot be detected", state.label, info)
+    if isinstance(policy, NoPermissionError):
+        _warn_once(state, "config", "lockkit: redis %s denies CONFIG GET, so lockkit cannot check that "
+                   "maxmemory-policy is noeviction; make sure it is, or lock keys may be evicted", state.label)
+    elif isinstance(policy, list) and len(policy) == 2:
+        value = policy[1].decode() if isinstance(policy[1], bytes) else str(policy[1])
+        if value != "noeviction":
+            message = (f"redis {state.label} has maxmemory-policy {value}: under memory pressure it can evict "
+                       "lock keys and two clients could hold one lock; set it to noeviction")
+            if state.strict:
+                state.refused = ConfigError(message + " (strict=true refuses this server)")
+                raise state.refused
+            _warn_once(state, "policy:" + value, "lockkit: %s", message)

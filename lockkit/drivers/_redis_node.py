@@ -1,0 +1,246 @@
+"""One Redis server as the drivers use it: pipelined script calls on a pooled connection.
+
+Both faces (blocking :class:`SyncNode`, asyncio :class:`AsyncNode`) do the same
+few things and nothing else; what to send and how to read the replies lives in
+:mod:`._redis_config` and :mod:`._redis_flow`, so the twins stay thin:
+
+* a call is split into :meth:`send` and :meth:`receive`, so that a Redlock
+  fan-out sends to every master first and then reads the replies against one
+  shared deadline (all masters in parallel, no thread per master);
+* a fresh connection prepends its hello (``INFO server``, ``CONFIG GET``, and
+  ``SCRIPT LOAD`` the first time) to the first commands it carries; with
+  ``strict=true`` the hello goes alone first, so a refused server runs nothing;
+* a ``NOSCRIPT`` reply reloads the script and runs the failed calls again on the
+  same connection (``NOSCRIPT`` means they did not run);
+* a connection error is retried once on a fresh connection only for idempotent
+  calls (renew, release, holder); never for acquire.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+from ._redis_config import NodeSpec, NodeState, apply_hello, hello_commands
+from ._redis_scripts import Script
+
+__all__ = ["AsyncNode", "Call", "SyncNode"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One command: a script by SHA with its KEYS and ARGV, or a plain command (``script=None``)."""
+
+    script: Script | None
+    keys: tuple[bytes, ...] = ()
+    args: tuple[Any, ...] = ()
+
+    def command(self) -> tuple[Any, ...]:
+        if self.script is None:
+            return self.args
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+
+@dataclass
+class Pending:
+    conn: Any
+    calls: Sequence[Call]
+    hello: int
+
+
+def _reload_plan(calls: Sequence[Call], replies: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """Indexes of calls that got NOSCRIPT, and the commands that load their scripts and rerun them."""
+    redo = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+    scripts: dict[str, Script] = {}
+    for i in redo:
+        script = calls[i].script
+        if script is not None:
+            scripts[script.sha] = script
+    loads: list[tuple[Any, ...]] = [("SCRIPT", "LOAD", s.source) for s in scripts.values()]
+    return redo, loads + [calls[i].command() for i in redo]
+
+
+def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
+    """RESP-encode commands of bytes/str/int arguments (several times faster than redis-py's general packer,
+    which matters for a renewal pipeline of thousands of calls)."""
+    out: list[bytes] = []
+    for args in commands:
+        out.append(b"*%d\r\n" % len(args))
+        for arg in args:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _remaining(deadline: float) -> float:
+    return max(0.001, deadline - time.monotonic())
+
+
+class SyncNode:
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.state = NodeState(spec.label, spec.options.strict)
+        self.pool: Any = redis.BlockingConnectionPool(**self._kwargs())  # type: ignore[no-untyped-call]
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs = self.spec.pool_kwargs(_mark_fresh)
+        if self.spec.path is not None:
+            kwargs["connection_class"] = redis.UnixDomainSocketConnection
+        elif self.spec.tls:
+            kwargs["connection_class"] = redis.SSLConnection
+        return kwargs
+
+    def send(self, calls: Sequence[Call]) -> Pending:
+        if self.state.refused is not None:
+            raise self.state.refused
+        conn = self.pool.get_connection()
+        try:
+            commands = [c.command() for c in calls]
+            hello: list[tuple[Any, ...]] = []
+            if conn.__dict__.pop("lockkit_fresh", False):
+                hello = hello_commands(self.state)
+                if self.state.strict:  # check before anything runs: a refused server must not take locks
+                    conn.send_packed_command([pack(hello)])
+                    apply_hello(self.state, self._read(conn, len(hello), time.monotonic() + self.spec.options.timeout))
+                    hello = []
+            conn.send_packed_command([pack(hello + commands)])
+        except BaseException:
+            conn.disconnect()
+            self.pool.release(conn)
+            raise
+        return Pending(conn, calls, len(hello))
+
+    def _read(self, conn: Any, count: int, deadline: float) -> list[Any]:
+        replies: list[Any] = []
+        for i in range(count):
+            try:  # the first reply waits until the (shared) deadline; later ones are usually buffered already
+                replies.append(conn.read_response(timeout=_remaining(deadline)) if i == 0 else conn.read_response())
+            except ResponseError as exc:  # an error reply: the stream is still in step
+                replies.append(exc)
+        return replies
+
+    def receive(self, pending: Pending, deadline: float) -> list[Any]:
+        conn = pending.conn
+        ok = False
+        try:
+            replies = self._read(conn, pending.hello + len(pending.calls), deadline)
+            if pending.hello:
+                apply_hello(self.state, replies[: pending.hello])
+            replies = replies[pending.hello :]
+            redo, commands = _reload_plan(pending.calls, replies)
+            if redo:
+                conn.send_packed_command([pack(commands)])
+                again = self._read(conn, len(commands), time.monotonic() + self.spec.options.timeout)
+                for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
+                    replies[index] = reply
+            ok = True
+            return replies
+        finally:
+            if not ok:
+                conn.disconnect()
+            self.pool.release(conn)
+
+    def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        try:
+            return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout)
+        except RedisConnectionError:
+            if not idempotent:
+                raise
+        return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout)
+
+    def close(self) -> None:
+        self.pool.disconnect()
+
+
+def _mark_fresh(conn: Any) -> None:
+    conn.on_connect()
+    conn.lockkit_fresh = True
+
+
+async def _amark_fresh(conn: Any) -> None:
+    await conn.on_connect()
+    conn.lockkit_fresh = True
+
+
+class AsyncNode:
+    """The awaitable twin of :class:`SyncNode` (same steps, redis.asyncio connections)."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.state = NodeState(spec.label, spec.options.strict)
+        kwargs = spec.pool_kwargs(_amark_fresh)
+        if spec.path is not None:
+            kwargs["connection_class"] = redis.asyncio.UnixDomainSocketConnection
+        elif spec.tls:
+            kwargs["connection_class"] = redis.asyncio.SSLConnection
+        self.pool: Any = redis.asyncio.BlockingConnectionPool(**kwargs)
+
+    async def send(self, calls: Sequence[Call]) -> Pending:
+        if self.state.refused is not None:
+            raise self.state.refused
+        conn = await self.pool.get_connection()
+        try:
+            commands = [c.command() for c in calls]
+            hello: list[tuple[Any, ...]] = []
+            if conn.__dict__.pop("lockkit_fresh", False):
+                hello = hello_commands(self.state)
+                if self.state.strict:
+                    await conn.send_packed_command([pack(hello)])
+                    deadline = time.monotonic() + self.spec.options.timeout
+                    apply_hello(self.state, await self._read(conn, len(hello), deadline))
+                    hello = []
+            await conn.send_packed_command([pack(hello + commands)])
+        except BaseException:
+            await conn.disconnect()
+            await self.pool.release(conn)
+            raise
+        return Pending(conn, calls, len(hello))
+
+    async def _read(self, conn: Any, count: int, deadline: float) -> list[Any]:
+        replies: list[Any] = []
+        for i in range(count):
+            try:
+                replies.append(await (conn.read_response(timeout=_remaining(deadline)) if i == 0
+                                      else conn.read_response()))
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    async def receive(self, pending: Pending, deadline: float) -> list[Any]:
+        conn = pending.conn
+        ok = False
+        try:
+            replies = await self._read(conn, pending.hello + len(pending.calls), deadline)
+            if pending.hello:
+                apply_hello(self.state, replies[: pending.hello])
+            replies = replies[pending.hello :]
+            redo, commands = _reload_plan(pending.calls, replies)
+            if redo:
+                await conn.send_packed_command([pack(commands)])
+                again = await self._read(conn, len(commands), time.monotonic() + self.spec.options.timeout)
+                for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
+                    replies[index] = reply
+            ok = True
+            return replies
+        finally:
+            if not ok:
+                await conn.disconnect()
+            await self.pool.release(conn)
+
+    async def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        try:
+            return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout)
+        except RedisConnectionError:
+            if not idempotent:
+                raise
+        return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout)
+
+    async def close(self) -> None:
+        await self.pool.disconnect()

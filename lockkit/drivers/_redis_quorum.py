@@ -1,0 +1,109 @@
+"""Redlock arithmetic as pure functions: quorum, validity, when a quorum frees up, renew tallies.
+
+No I/O and no clock of its own: callers pass elapsed times measured on the
+monotonic clock from *before* the first request was sent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..timing import drift
+
+__all__ = ["NodeResult", "Tally", "count_ok", "quorum", "tally_acquire", "tally_renew", "validity"]
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One master's answer to a fan-out: its replies in order, or the error that stopped it."""
+
+    replies: Sequence[Any] | BaseException
+    epoch: int
+    """The master's restart count as of this answer (see NodeState.epoch)."""
+
+
+def quorum(n: int) -> int:
+    return n // 2 + 1
+
+
+def validity(ttl: float, elapsed: float) -> float:
+    """What is left of a lease after the round trip and the drift margin (Redlock's rule)."""
+    return ttl - elapsed - drift(ttl)
+
+
+@dataclass(frozen=True)
+class Tally:
+    granted: bool
+    won: int
+    reached: int
+    validity: float
+    free_in: float
+    """Seconds until a quorum of masters is free (0: split vote, nobody holds a quorum)."""
+    epochs: tuple[int | None, ...]
+    """Per master, its epoch if we won there, else None."""
+
+
+def _reply(result: NodeResult, index: int) -> Any:
+    if isinstance(result.replies, BaseException):
+        return result.replies
+    return result.replies[index]
+
+
+def tally_acquire(results: Sequence[NodeResult], ttl: float, elapsed: float, index: int = 0) -> Tally:
+    need = quorum(len(results))
+    won = reached = 0
+    free: list[float] = []
+    epochs: list[int | None] = []
+    for result in results:
+        reply = _reply(result, index)
+        ok = isinstance(reply, list) and len(reply) == 2
+        if ok and reply[0] == 1:
+            won += 1
+            free.append(0.0)
+        elif ok:
+            pttl = int(reply[1])
+            free.append(pttl / 1000 if pttl >= 0 else (ttl if pttl == -1 else 0.0))
+        else:
+            free.append(math.inf)
+        reached += ok
+        epochs.append(result.epoch if ok and reply[0] == 1 else None)
+    left = validity(ttl, elapsed)
+    free.sort()
+    return Tally(won >= need and left > 0, won, reached, left, free[need - 1], tuple(epochs))
+
+
+def tally_renew(
+    results: Sequence[NodeResult], index: int, acquired_epochs: Sequence[int | None] | None, ttl: float, elapsed: float
+) -> str:
+    """``"held"`` if a quorum renewed within validity (counting only masters that did not restart since
+    the acquire), ``"unreachable"`` if fewer than a quorum answered, else ``"lost"``."""
+    renewed = reached = 0
+    for node, result in enumerate(results):
+        reply = _reply(result, index)
+        if not isinstance(reply, list):
+            continue
+        reached += 1
+        if reply[0] != 1:
+            continue
+        if acquired_epochs is not None and acquired_epochs[node] != result.epoch:
+            continue  # this master restarted since we won it: its "yes" may come from a reborn key
+        renewed += 1
+    need = quorum(len(results))
+    if renewed >= need and validity(ttl, elapsed) > 0:
+        return "held"
+    return "unreachable" if reached < need else "lost"
+
+
+def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
+    """(masters whose reply was a true integer, masters that answered at all)."""
+    ok = reached = 0
+    for result in results:
+        reply = _reply(result, index)
+        if isinstance(reply, BaseException):
+            continue
+        reached += 1
+        ok += reply == 1
+    return ok, reached

@@ -1,0 +1,288 @@
+"""``redis://``, ``rediss://``, ``unix://``: locks on one Redis server (blocking and asyncio).
+
+URLs::
+
+    redis://[user:password@]host[:port][/db][?option=value&…]
+    rediss://…                 TLS; the certificate and host name are verified by default
+    unix:///path/redis.sock?db=0
+
+Options (see :class:`~._redis_config.RedisOptions`): ``prefix`` (default
+``lockkit:``), ``timeout`` and ``connect_timeout`` (seconds), ``pool_size``,
+``health_check_interval``, ``tls_ca``/``tls_cert``/``tls_key``/
+``tls_check_hostname``/``tls_insecure``, ``min_replicas``/``replica_timeout``
+(WAIT after a grant), ``strict`` (refuse a server whose maxmemory-policy can
+evict lock keys), ``db`` (for unix://).
+
+**Keys** (:mod:`._redis_keys`): ``{prefix}{<name>}`` holds the holder's token
+with a PX expiry, ``…:fence`` the fencing counter, ``…:wake`` is the pub/sub
+channel; ``{``, ``}`` and ``%`` in names are percent-escaped so that every key of
+a lock shares one Redis Cluster hash tag.
+
+**Operations** are one Lua script each (:mod:`._redis_scripts`), called by SHA:
+acquire = ``SET NX PX`` + ``INCR`` of the fence, one round trip, returning the
+holder's PTTL when it fails; renew = compare-and-``PEXPIRE``; release =
+compare-and-``DEL`` + ``PUBLISH``. ``renew_many`` is one pipeline per round.
+Waiters sleep on one shared pub/sub connection (:mod:`._redis_hub`) and re-check
+once at the holder's expiry. A connection error is retried once on a fresh
+connection for renew and release, never for acquire.
+
+**Guarantees and their limits.** One server decides, so the lock is exactly as
+safe as that server: Redis replicates asynchronously, so a failover can lose a
+lock that was granted (``min_replicas`` narrows the window, it does not close
+it). Fencing tokens come from ``INCR`` and strictly increase while the server
+keeps its data; after ``FLUSHALL``, eviction of the counter, or a restart
+without persistence they start again from 1. A restart is detected at
+reconnection (the server's ``run_id`` changed) and logged as a warning on the
+``lockkit`` logger; a fencing-checking resource then rejects the lower tokens
+(safe, but unavailable until it is reset). At first connect lockkit reads
+``maxmemory-policy`` and warns unless it is ``noeviction`` (``strict=true``
+refuses); an ACL that forbids ``CONFIG`` turns the check into a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from redis.exceptions import RedisError
+
+from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ..errors import BackendUnavailable
+from ..lease import token_hint
+from ..urls import BackendURL
+from ._redis_config import NodeSpec, RedisOptions, redis_nodes
+from ._redis_flow import Flow, Op, Send, Wait, Watch, acquire_flow, adrive, checked, drive, ms
+from ._redis_hub import AsyncWatcher, Hub, LoopThread, SyncWatcher
+from ._redis_keys import LockKeys, lock_keys
+from ._redis_node import AsyncNode, Call, SyncNode
+from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+
+__all__ = ["AsyncRedisDriver", "RedisDriver"]
+
+GUARANTEES = Guarantees(
+    scope="single-node", fifo=False, fencing="strict", survives_failover=False, lifetime="ttl",
+    note="One Redis server: a failover (asynchronous replication) can lose a held lock; fencing tokens "
+         "restart after FLUSHALL or a restart without persistence.",
+)
+
+
+def unavailable(label: str, exc: BaseException) -> BackendUnavailable:
+    return BackendUnavailable(f"redis {label} is unreachable: {exc}")
+
+
+class _Shared:
+    """What both faces compute the same way: keys, calls and reply parsing (no I/O)."""
+
+    def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
+        self.spec, self.options, self.clock = spec, options, ctx.clock
+
+    def keys(self, name: str) -> LockKeys:
+        return lock_keys(self.options.prefix, name)
+
+    def flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[Grant | None]:
+        return acquire_flow(self.keys(name), token, ttl, deadline, self.clock, self.spec.label,
+                            self.options.min_replicas, self.options.replica_timeout)
+
+    def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
+        return [Call(RENEW, (k.lock, k.fence), (r.token, ms(r.ttl)))
+                for r in requests for k in (self.keys(r.name),)]
+
+    def renew_results(self, requests: Sequence[RenewRequest], replies: Sequence[Any], sent_at: float
+                      ) -> list[Grant | Exception | None]:
+        results: list[Grant | Exception | None] = []
+        for request, reply in zip(requests, replies, strict=False):
+            try:
+                ok, fence = checked(reply, self.spec.label, "renew")
+            except BackendUnavailable as exc:
+                results.append(exc)
+                continue
+            results.append(Grant(int(fence), request.ttl, sent_at) if ok == 1 else None)
+        return results
+
+    def release_call(self, name: str, token: str | None) -> Call:
+        keys = self.keys(name)
+        if token is None:
+            return Call(FORCE_RELEASE, (keys.lock,), (keys.channel,))
+        return Call(RELEASE, (keys.lock,), (token, keys.channel))
+
+    def holder_call(self, name: str) -> Call:
+        keys = self.keys(name)
+        return Call(HOLDER, (keys.lock, keys.fence))
+
+    def holder_info(self, reply: Any) -> HolderInfo:
+        token, pttl, fence = checked(reply, self.spec.label, "holder")
+        if token is None:
+            return HolderInfo(False)
+        ttl_left = pttl / 1000 if pttl >= 0 else None
+        return HolderInfo(True, token_hint(token.decode()), int(fence) if fence else None, ttl_left)
+
+
+class RedisDriver:
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
+        self._shared = _Shared(spec, options, ctx)
+        self._node = SyncNode(spec)
+        self._loop = LoopThread("lockkit-redis-pubsub")
+        self._hub: Hub | None = None
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> RedisDriver:
+        return cls(*redis_nodes(url), ctx)
+
+    @classmethod
+    def from_url_async(cls, url: BackendURL, ctx: DriverContext) -> AsyncRedisDriver:
+        return AsyncRedisDriver(*redis_nodes(url), ctx)
+
+    def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        try:
+            return self._node.run(calls, idempotent)
+        except RedisError as exc:
+            raise unavailable(self._node.spec.label, exc) from exc
+
+    def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        watcher: SyncWatcher | None = None
+
+        def perform(op: Op) -> Any:
+            nonlocal watcher
+            if isinstance(op, Send):
+                return self._run(op.calls, op.idempotent)
+            if watcher is None:
+                if self._hub is None:
+                    self._hub = Hub(self._node.spec)
+                watcher = SyncWatcher(self._loop, [self._hub], self._shared.keys(name).channel, cancel)
+            if isinstance(op, Watch):
+                return watcher.watch()
+            assert isinstance(op, Wait)
+            return watcher.wait(op.timeout)
+
+        if cancel is not None and cancel.cancelled:
+            return None
+        try:
+            return drive(self._shared.flow(name, token, ttl, deadline), perform)
+        finally:
+            if watcher is not None:
+                watcher.close()
+
+    def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        result = self.renew_many([RenewRequest(name, token, ttl)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self._shared.clock()
+        replies = self._run(self._shared.renew_calls(requests), True)
+        return self._shared.renew_results(requests, replies, sent_at)
+
+    def release(self, name: str, token: str) -> bool:
+        return bool(checked(self._run([self._shared.release_call(name, token)], True)[0],
+                            self._node.spec.label, "release"))
+
+    def force_release(self, name: str) -> bool:
+        return bool(checked(self._run([self._shared.release_call(name, None)], True)[0],
+                            self._node.spec.label, "force_release"))
+
+    def holder(self, name: str) -> HolderInfo:
+        return self._shared.holder_info(self._run([self._shared.holder_call(name)], True)[0])
+
+    def ping(self) -> None:
+        checked(self._run([Call(None, (), ("PING",))], True)[0], self._node.spec.label, "ping")
+
+    def close(self) -> None:
+        if self._hub is not None and self._loop.started:
+            self._loop.run(self._hub.close())
+        self._loop.stop()
+        self._node.close()
+
+    def __repr__(self) -> str:
+        return f"RedisDriver({self._node.spec.label})"
+
+
+class AsyncRedisDriver:
+    """The asyncio face: redis.asyncio connections, the same scripts, flows and parsing."""
+
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
+        self._shared = _Shared(spec, options, ctx)
+        self._node = AsyncNode(spec)
+        self._hub: Hub | None = None
+        self._cleanups: set[asyncio.Task[Any]] = set()
+
+    async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        try:
+            return await self._node.run(calls, idempotent)
+        except RedisError as exc:
+            raise unavailable(self._node.spec.label, exc) from exc
+
+    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
+        watcher: AsyncWatcher | None = None
+
+        async def perform(op: Op) -> Any:
+            nonlocal watcher
+            if isinstance(op, Send):
+                return await self._run(op.calls, op.idempotent)
+            if watcher is None:
+                if self._hub is None:
+                    self._hub = Hub(self._node.spec)
+                watcher = AsyncWatcher([self._hub], self._shared.keys(name).channel)
+            if isinstance(op, Watch):
+                return await watcher.watch()
+            assert isinstance(op, Wait)
+            return await watcher.wait(op.timeout)
+
+        try:
+            return await adrive(self._shared.flow(name, token, ttl, deadline), perform)
+        except asyncio.CancelledError:
+            # The acquire script may have run before the cancel: undo it (owner-checked, so harmless if not).
+            task = asyncio.get_running_loop().create_task(self._undo(name, token))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.close()
+
+    async def _undo(self, name: str, token: str) -> None:
+        with contextlib.suppress(BackendUnavailable):  # the lock then frees when its TTL passes
+            await self.release(name, token)
+
+    async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        result = (await self.renew_many([RenewRequest(name, token, ttl)]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self._shared.clock()
+        replies = await self._run(self._shared.renew_calls(requests), True)
+        return self._shared.renew_results(requests, replies, sent_at)
+
+    async def release(self, name: str, token: str) -> bool:
+        reply = (await self._run([self._shared.release_call(name, token)], True))[0]
+        return bool(checked(reply, self._node.spec.label, "release"))
+
+    async def force_release(self, name: str) -> bool:
+        reply = (await self._run([self._shared.release_call(name, None)], True))[0]
+        return bool(checked(reply, self._node.spec.label, "force_release"))
+
+    async def holder(self, name: str) -> HolderInfo:
+        return self._shared.holder_info((await self._run([self._shared.holder_call(name)], True))[0])
+
+    async def ping(self) -> None:
+        checked((await self._run([Call(None, (), ("PING",))], True))[0], self._node.spec.label, "ping")
+
+    async def close(self) -> None:
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        if self._hub is not None:
+            await self._hub.close()
+        await self._node.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncRedisDriver({self._node.spec.label})"

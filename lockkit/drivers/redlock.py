@@ -1,0 +1,349 @@
+"""``redlock://``: one lock across N independent Redis masters (Redlock), blocking and asyncio.
+
+URL: ``redlock://[user:password@]h1:p1,h2:p2,h3:p3,h4:p4,h5:p5[/db][?option=value&…]``. N ≥ 3
+(5 is usual; an even N is warned about because it tolerates no more failures than N − 1); a
+master listed twice is a :class:`~lockkit.errors.ConfigError` (it would count twice towards a
+quorum). Options as for ``redis://`` (``timeout`` is the per-master timeout, 0.25 s by default)
+plus ``tls=true`` and ``retry_delay`` (upper bound of the random delay after a split vote).
+
+**How it works.** Every request goes to all masters at once: the commands are written to every
+master first, then the replies are read against one shared deadline, so a slow or blackholed
+master costs one ``timeout``, not one per master, and no thread is needed. The same Lua scripts
+and key layout as the single-node driver are used (:mod:`._redis_scripts`,
+:mod:`._redis_keys`), without the fencing counter. A grant needs a quorum (N // 2 + 1) *and* a
+positive validity, ``ttl − elapsed − (ttl × 0.01 + 2 ms)``, measured from before the first
+request; otherwise the round is undone on *all* masters (a timed-out one may have applied it)
+before waiting: for the release's wake-up when someone holds a quorum, or for a random delay
+after a split vote. A renewal holds only on a quorum within validity, and a master whose
+``run_id`` changed since the acquire (it restarted, perhaps without our key) does not count.
+
+**Guarantees and their limits.** Safety rests on timing: bounded clock drift between masters
+and clients, and no process pause longer than the validity; a master restarted without
+persistence forgets its keys (the run_id guard catches it on renew, not before a second client
+wins), and a server clock jump can expire a key early. **No fencing token**: a per-master
+counter max is not monotonic across quorums, and a max-register read and written by majority
+can hand the *same* token to two clients in exactly the overlap that fencing exists for
+(Kleppmann's objection), so ``fencing_token`` is always 0 and the guarantees say
+``fencing="none"``. Use etcd or ZooKeeper where correctness needs fencing. Replicas given as
+masters are not detected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ..errors import BackendUnavailable
+from ..lease import token_hint
+from ..urls import BackendURL
+from ._redis_config import NodeSpec, RedlockOptions, redlock_nodes
+from ._redis_flow import Flow, Op, Send, Wait, Watch, adrive, drive, ms, redlock_acquire_flow
+from ._redis_hub import AsyncWatcher, Hub, LoopThread, SyncWatcher
+from ._redis_keys import lock_keys
+from ._redis_node import AsyncNode, Call, SyncNode
+from ._redis_quorum import NodeResult, count_ok, quorum, tally_renew
+from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+
+__all__ = ["AsyncRedlockDriver", "RedlockDriver"]
+
+GUARANTEES = Guarantees(
+    scope="majority", fifo=False, fencing="none", survives_failover=True, lifetime="ttl",
+    note="A majority of independent Redis masters; safe only under bounded clock drift and pauses, "
+         "and it offers no fencing token (fencing_token is always 0).",
+)
+MAX_TRACKED = 100_000
+
+
+class _Shared:
+    """Keys, calls, tallies and the per-lease restart record, shared by both faces (no I/O)."""
+
+    def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
+        self.specs, self.options, self.clock = specs, options, ctx.clock
+        self.need = quorum(len(specs))
+        self.epochs: dict[str, tuple[int | None, ...]] = {}
+
+    def flow(self, name: str, token: str, ttl: float, deadline: float | None
+             ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
+        keys = lock_keys(self.options.prefix, name)
+        return redlock_acquire_flow(keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay)
+
+    def granted(self, token: str, result: tuple[Grant, tuple[int | None, ...]] | None) -> Grant | None:
+        if result is None:
+            return None
+        if len(self.epochs) >= MAX_TRACKED:  # leases lost without a release: forget the oldest
+            self.epochs.pop(next(iter(self.epochs)), None)
+        self.epochs[token] = result[1]
+        return result[0]
+
+    def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
+        return [Call(RENEW, (lock_keys(self.options.prefix, r.name).lock,), (r.token, ms(r.ttl))) for r in requests]
+
+    def renew_results(self, requests: Sequence[RenewRequest], results: list[NodeResult], sent_at: float
+                      ) -> list[Grant | Exception | None]:
+        elapsed = self.clock() - sent_at
+        out: list[Grant | Exception | None] = []
+        for i, request in enumerate(requests):
+            verdict = tally_renew(results, i, self.epochs.get(request.token), request.ttl, elapsed)
+            if verdict == "held":
+                out.append(Grant(0, request.ttl, sent_at))
+            elif verdict == "unreachable":
+                out.append(self.unreachable(results, i, "renew"))
+            else:
+                self.epochs.pop(request.token, None)
+                out.append(None)
+        return out
+
+    def release_call(self, name: str, token: str | None) -> Call:
+        keys = lock_keys(self.options.prefix, name)
+        if token is None:
+            return Call(FORCE_RELEASE, (keys.lock,), (keys.channel,))
+        return Call(RELEASE, (keys.lock,), (token, keys.channel))
+
+    def unreachable(self, results: list[NodeResult], index: int, what: str) -> BackendUnavailable:
+        _, reached = count_ok(results, index)
+        return BackendUnavailable(f"redlock {what}: reached {reached} of {len(results)} masters, needs {self.need}")
+
+    def released(self, token: str | None, results: list[NodeResult]) -> bool:
+        ok, reached = count_ok(results)
+        if token is not None:
+            self.epochs.pop(token, None)
+            if reached < self.need and ok < self.need:
+                raise self.unreachable(results, 0, "release")
+            return ok >= self.need
+        return ok > 0
+
+    def holder_call(self, name: str) -> Call:
+        return Call(HOLDER, (lock_keys(self.options.prefix, name).lock,))
+
+    def holder_info(self, results: list[NodeResult]) -> HolderInfo:
+        seen: dict[bytes, list[int]] = {}
+        reached = 0
+        for result in results:
+            if isinstance(result.replies, BaseException) or not isinstance(result.replies[0], list):
+                continue
+            reached += 1
+            token, pttl, _ = result.replies[0]
+            if token is not None:
+                seen.setdefault(token, []).append(int(pttl))
+        if reached < self.need:
+            raise self.unreachable(results, 0, "holder")
+        for token, pttls in seen.items():
+            if len(pttls) >= self.need:
+                left = sorted(pttls, reverse=True)[self.need - 1]
+                return HolderInfo(True, token_hint(token.decode()), None, left / 1000 if left >= 0 else None)
+        return HolderInfo(False)
+
+
+class RedlockDriver:
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
+        self._shared = _Shared(specs, options, ctx)
+        self._nodes = [SyncNode(spec) for spec in specs]
+        self._loop = LoopThread("lockkit-redlock-pubsub")
+        self._hubs: list[Hub] = []
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> RedlockDriver:
+        return cls(*redlock_nodes(url), ctx)
+
+    @classmethod
+    def from_url_async(cls, url: BackendURL, ctx: DriverContext) -> AsyncRedlockDriver:
+        return AsyncRedlockDriver(*redlock_nodes(url), ctx)
+
+    def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
+        pending: list[Any] = []
+        for node in self._nodes:  # write to every master before reading any reply
+            try:
+                pending.append(node.send(calls))
+            except (RedisError, OSError) as exc:
+                pending.append(exc)
+        deadline = time.monotonic() + self._shared.options.timeout
+        results: list[NodeResult] = []
+        for node, sent in zip(self._nodes, pending, strict=True):
+            try:
+                if isinstance(sent, BaseException):
+                    raise sent
+                replies: Any = node.receive(sent, deadline)
+            except RedisConnectionError as exc:
+                replies = exc
+                if idempotent:  # a stale pooled connection: once more on a fresh one
+                    with contextlib.suppress(RedisError, OSError):
+                        replies = node.run(calls, False)
+            except (RedisError, OSError) as exc:
+                replies = exc
+            results.append(NodeResult(replies, node.state.epoch))
+        return results
+
+    def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        watcher: SyncWatcher | None = None
+
+        def perform(op: Op) -> Any:
+            nonlocal watcher
+            if isinstance(op, Send):
+                return self._fan_out(op.calls, op.idempotent)
+            if watcher is None:
+                if not self._hubs:
+                    self._hubs = [Hub(spec) for spec in self._shared.specs]
+                channel = lock_keys(self._shared.options.prefix, name).channel
+                watcher = SyncWatcher(self._loop, self._hubs, channel, cancel)
+            if isinstance(op, Watch):
+                return watcher.watch()
+            assert isinstance(op, Wait)
+            return watcher.wait(op.timeout)
+
+        if cancel is not None and cancel.cancelled:
+            return None
+        try:
+            return self._shared.granted(token, drive(self._shared.flow(name, token, ttl, deadline), perform))
+        finally:
+            if watcher is not None:
+                watcher.close()
+
+    def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        result = self.renew_many([RenewRequest(name, token, ttl)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self._shared.clock()
+        results = self._fan_out(self._shared.renew_calls(requests), True)
+        return self._shared.renew_results(requests, results, sent_at)
+
+    def release(self, name: str, token: str) -> bool:
+        return self._shared.released(token, self._fan_out([self._shared.release_call(name, token)], True))
+
+    def force_release(self, name: str) -> bool:
+        return self._shared.released(None, self._fan_out([self._shared.release_call(name, None)], True))
+
+    def holder(self, name: str) -> HolderInfo:
+        return self._shared.holder_info(self._fan_out([self._shared.holder_call(name)], True))
+
+    def ping(self) -> None:
+        results = self._fan_out([Call(None, (), ("PING",))], True)
+        if sum(not isinstance(r.replies, BaseException) for r in results) < self._shared.need:
+            raise self._shared.unreachable(results, 0, "ping")
+
+    def close(self) -> None:
+        if self._hubs and self._loop.started:
+            for hub in self._hubs:
+                self._loop.run(hub.close())
+        self._loop.stop()
+        for node in self._nodes:
+            node.close()
+
+    def __repr__(self) -> str:
+        return f"RedlockDriver({','.join(s.label for s in self._shared.specs)})"
+
+
+class AsyncRedlockDriver:
+    """The asyncio face: the same flow, tallies and scripts over redis.asyncio connections."""
+
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
+        self._shared = _Shared(specs, options, ctx)
+        self._nodes = [AsyncNode(spec) for spec in specs]
+        self._hubs: list[Hub] = []
+        self._cleanups: set[asyncio.Task[Any]] = set()
+
+    async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
+        pending: list[Any] = []
+        for node in self._nodes:
+            try:
+                pending.append(await node.send(calls))
+            except (RedisError, OSError) as exc:
+                pending.append(exc)
+        deadline = time.monotonic() + self._shared.options.timeout
+        results: list[NodeResult] = []
+        for node, sent in zip(self._nodes, pending, strict=True):
+            try:
+                if isinstance(sent, BaseException):
+                    raise sent
+                replies: Any = await node.receive(sent, deadline)
+            except RedisConnectionError as exc:
+                replies = exc
+                if idempotent:
+                    with contextlib.suppress(RedisError, OSError):
+                        replies = await node.run(calls, False)
+            except (RedisError, OSError) as exc:
+                replies = exc
+            results.append(NodeResult(replies, node.state.epoch))
+        return results
+
+    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
+        watcher: AsyncWatcher | None = None
+
+        async def perform(op: Op) -> Any:
+            nonlocal watcher
+            if isinstance(op, Send):
+                return await self._fan_out(op.calls, op.idempotent)
+            if watcher is None:
+                if not self._hubs:
+                    self._hubs = [Hub(spec) for spec in self._shared.specs]
+                watcher = AsyncWatcher(self._hubs, lock_keys(self._shared.options.prefix, name).channel)
+            if isinstance(op, Watch):
+                return await watcher.watch()
+            assert isinstance(op, Wait)
+            return await watcher.wait(op.timeout)
+
+        try:
+            return self._shared.granted(token, await adrive(self._shared.flow(name, token, ttl, deadline), perform))
+        except asyncio.CancelledError:
+            task = asyncio.get_running_loop().create_task(self._undo(name, token))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.close()
+
+    async def _undo(self, name: str, token: str) -> None:
+        with contextlib.suppress(BackendUnavailable):
+            await self.release(name, token)
+
+    async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        result = (await self.renew_many([RenewRequest(name, token, ttl)]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self._shared.clock()
+        results = await self._fan_out(self._shared.renew_calls(requests), True)
+        return self._shared.renew_results(requests, results, sent_at)
+
+    async def release(self, name: str, token: str) -> bool:
+        return self._shared.released(token, await self._fan_out([self._shared.release_call(name, token)], True))
+
+    async def force_release(self, name: str) -> bool:
+        return self._shared.released(None, await self._fan_out([self._shared.release_call(name, None)], True))
+
+    async def holder(self, name: str) -> HolderInfo:
+        return self._shared.holder_info(await self._fan_out([self._shared.holder_call(name)], True))
+
+    async def ping(self) -> None:
+        results = await self._fan_out([Call(None, (), ("PING",))], True)
+        if sum(not isinstance(r.replies, BaseException) for r in results) < self._shared.need:
+            raise self._shared.unreachable(results, 0, "ping")
+
+    async def close(self) -> None:
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        for hub in self._hubs:
+            await hub.close()
+        for node in self._nodes:
+            await node.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncRedlockDriver({','.join(s.label for s in self._shared.specs)})"

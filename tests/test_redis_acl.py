@@ -1,0 +1,44 @@
+"""The least-privilege ACL rule documented in docs/backends/redis.md, tested as written."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import pytest
+import redis
+
+import lockkit
+from backends.pytest_fixtures import RedisFactory
+from lockkit import BackendUnavailable
+
+RULE = ("on >pw-XYZ resetkeys ~lockkit:* resetchannels &lockkit:* -@all +evalsha +script|load +set +get +del "
+        "+incr +pexpire +pttl +publish +subscribe +unsubscribe +ping +info +config|get")
+
+
+def test_documented_acl_rule_is_enough(fresh_redis: RedisFactory, caplog: pytest.LogCaptureFixture) -> None:
+    server = fresh_redis()
+    admin = redis.Redis(port=server.port)
+    admin.execute_command("ACL", "SETUSER", "lockkit", *RULE.split())
+    admin.execute_command("ACL", "SETUSER", "noconfig", *RULE.replace(" +info +config|get", "").split())
+    admin.execute_command("ACL", "SETUSER", "noeval", *RULE.replace(" +evalsha", "").split())
+    name = f"acl-{uuid.uuid4().hex[:8]}"
+    url = f"redis://lockkit:pw-XYZ@127.0.0.1:{server.port}/0"
+    with lockkit.connect(url) as a, lockkit.connect(url) as b:
+        lock = a.lock(name, ttl=2)
+        lock.acquire()
+        assert b.holder(name).held
+        threading.Timer(0.2, lock.release).start()
+        waiter = b.lock(name, ttl=2)
+        waiter.acquire(timeout=3)  # woken through the pub/sub channel
+        waiter.renew()
+        assert a.force_release(name)
+    with caplog.at_level(logging.WARNING, logger="lockkit"), \
+            lockkit.connect(url.replace("lockkit:", "noconfig:")) as c:
+        c.lock(name, ttl=2).acquire().token  # noqa: B018
+    assert any("denies CONFIG" in r.getMessage() for r in caplog.records)
+    with lockkit.connect(url.replace("lockkit:", "noeval:")) as d, \
+            pytest.raises(BackendUnavailable, match="ACL") as info:
+        d.lock(name + "x", ttl=2).acquire(timeout=1)
+    assert "pw-XYZ" not in str(info.value)

@@ -1,0 +1,218 @@
+"""Fault scenarios for redis:// (RELIABILITY.md section 2.1), each named after its scenario."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import lockkit
+from backends.proxy import FaultProxy
+from backends.pytest_fixtures import ProxyFactory, RedisFactory
+from backends.servers import RedisServer
+from lockkit import ConfigError, LockLost, LockNotOwned
+
+SLACK = 0.25  # CI scheduling slack on "within X" bounds (RELIABILITY.md 2.0)
+
+HOLDER = """
+import sys, time, lockkit
+locks = lockkit.connect(sys.argv[1])
+lease = locks.lock(sys.argv[2], ttl=float(sys.argv[3])).acquire(timeout=10)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def name() -> str:
+    return f"fault-{uuid.uuid4().hex[:8]}"
+
+
+def raw(server: RedisServer) -> redis.Redis:
+    return redis.Redis(host=server.host, port=server.port, socket_timeout=2)
+
+
+def lock_key(n: str) -> bytes:
+    return f"lockkit:{{{n}}}".encode()
+
+
+@pytest.fixture
+def server(fresh_redis: RedisFactory) -> RedisServer:
+    return fresh_redis()
+
+
+@pytest.fixture
+def locks(server: RedisServer) -> Iterator[lockkit.Locker]:
+    locker = lockkit.connect(server.url)
+    yield locker
+    locker.close()
+
+
+def spawn_holder(url: str, n: str, ttl: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, url, n, str(ttl)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def wait_lost(lease: lockkit.Lease, timeout: float) -> float | None:
+    lost = threading.Event()
+    lease.add_lost_callback(lambda _: lost.set())
+    return time.monotonic() if lost.wait(timeout) else None
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redlock"])
+def test_C2_holder_sigkill_next_waiter_within_ttl(
+    scheme: str, redis_server: RedisServer, redlock_servers: object
+) -> None:
+    url = redis_server.url if scheme == "redis" else redlock_servers.url  # type: ignore[attr-defined]
+    n, ttl = name(), 1.0
+    proc = spawn_holder(url, n, ttl)
+    with lockkit.connect(url) as locks:
+        proc.kill()
+        killed = time.monotonic()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        lease = locks.lock(n, ttl=ttl).acquire(timeout=5)
+        took = time.monotonic() - killed
+        print(f"C-2 {scheme}: waiter acquired {took:.3f} s after SIGKILL")
+        assert took <= ttl + SLACK
+        assert lease.valid
+
+
+def test_C5_blackholed_holder_reports_loss_by_deadline(server: RedisServer, fault_proxy: ProxyFactory) -> None:
+    proxy: FaultProxy = fault_proxy(server)
+    with lockkit.connect(f"redis://127.0.0.1:{proxy.port}/0?timeout=0.3&connect_timeout=0.3") as locks:
+        lease = locks.lock(name(), ttl=1.0).acquire(timeout=2)
+        proxy.set_mode("blackhole")
+        lost_at = wait_lost(lease, 3)
+        assert lost_at is not None, "loss was never reported"
+        print(f"C-5: loss reported {lost_at - lease.expires_at:+.3f} s from the deadline")
+        assert lost_at <= lease.expires_at + SLACK
+        with pytest.raises(LockLost):
+            lease.ensure_valid()
+        proxy.heal()
+        time.sleep(0.3)
+        assert not lease.valid, "a ghost renewal revived the lease after healing"
+
+
+def test_C10_server_sigstop_loss_by_deadline_then_one_winner(server: RedisServer) -> None:
+    n = name()
+    with lockkit.connect(server.url + "?timeout=0.3&connect_timeout=0.3") as locks:
+        lease = locks.lock(n, ttl=1.0).acquire()
+        server.pause()
+        try:
+            lost_at = wait_lost(lease, 3)
+        finally:
+            time.sleep(max(0.0, 2.0 - (time.monotonic() - lease.acquired_at)))
+            server.resume()
+        assert lost_at is not None and lost_at <= lease.expires_at + SLACK
+        assert raw(server).exists(lock_key(n)) == 0, "the key outlived the pause"
+        winner = locks.lock(n, ttl=1.0).acquire(timeout=2)
+        assert locks.lock(n, ttl=1.0).try_acquire() is None
+        assert winner.valid
+
+
+def test_C11_restart_loses_key_and_fencing_regresses_with_warning(
+    server: RedisServer, locks: lockkit.Locker, caplog: pytest.LogCaptureFixture
+) -> None:
+    n = name()
+    for _ in range(3):
+        locks.lock(n, ttl=5).acquire().fencing_token  # noqa: B018 - advance the counter
+        locks.force_release(n)
+    lock = locks.lock(n, ttl=5, auto_renew=False)
+    old = lock.acquire()
+    server.kill()
+    server.restart()
+    with caplog.at_level(logging.WARNING, logger="lockkit"), pytest.raises(LockLost):
+        lock.renew()
+    assert any("restarted" in r.getMessage() and "fencing" in r.getMessage() for r in caplog.records)
+    new = locks.lock(n, ttl=5).acquire(timeout=2)
+    assert new.fencing_token < old.fencing_token  # documented: INCR restarts without persistence
+
+
+def test_C12_idle_connection_killed_by_server_renewal_still_succeeds(fresh_redis: RedisFactory) -> None:
+    server = fresh_redis(extra_args=["--timeout", "1"])
+    with lockkit.connect(server.url) as locks:
+        lock = locks.lock(name(), ttl=3.0)
+        lease = lock.acquire()
+        time.sleep(3.5)  # renewals at ~1 s intervals; the server drops connections idle for 1 s
+        assert lease.valid, lease.lost_reason
+        lock.release()
+
+
+def test_R1_flushall_detected_within_one_renewal_period(server: RedisServer, locks: lockkit.Locker) -> None:
+    n, ttl = name(), 1.5
+    lock = locks.lock(n, ttl=ttl)
+    lease = lock.acquire()
+    raw(server).flushall()
+    flushed = time.monotonic()
+    lost_at = wait_lost(lease, 3)
+    assert lost_at is not None and lost_at - flushed <= ttl / 3 + SLACK
+    other = locks.lock(n, ttl=5)
+    other.acquire(timeout=1)
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    assert raw(server).exists(lock_key(n)) == 1, "a stale release deleted the new owner's key"
+    other.release()
+
+
+def test_R2_script_flush_reloads_and_never_falls_back(server: RedisServer, locks: lockkit.Locker) -> None:
+    n = name()
+    lock = locks.lock(n, ttl=5, auto_renew=False)
+    lock.acquire()
+    spy = raw(server)
+    spy.script_flush()
+    seen: list[str] = []
+    with spy.monitor() as monitor:
+        done = threading.Event()
+
+        def watch() -> None:
+            for command in monitor.listen():
+                if command.get("client_type") != "lua":  # commands run inside our scripts are fine
+                    seen.append(command["command"])
+                if done.is_set() and "PING" in command["command"]:
+                    return
+
+        reader = threading.Thread(target=watch, daemon=True)
+        reader.start()
+        time.sleep(0.1)
+        lock.renew()
+        lock.release()
+        done.set()
+        raw(server).ping()
+        reader.join(5)
+    top_level = [c.split()[0].upper() for c in seen]
+    print("R-2 commands seen:", top_level)
+    assert "SCRIPT" in top_level and "EVALSHA" in top_level
+    assert not {"GET", "DEL", "PEXPIRE", "SET", "EVAL"} & set(top_level), "a non-atomic fallback ran"
+    assert raw(server).exists(lock_key(n)) == 0
+
+
+def test_R3_eviction_policy_warns_and_strict_refuses(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    raw(server).config_set("maxmemory-policy", "volatile-lru")
+    with caplog.at_level(logging.WARNING, logger="lockkit"), lockkit.connect(server.url) as locks:
+        locks.lock(name(), ttl=1).acquire().token  # noqa: B018
+    assert any("volatile-lru" in r.getMessage() and "noeviction" in r.getMessage() for r in caplog.records)
+    refused = name()
+    with lockkit.connect(server.url + "?strict=true") as strict:
+        with pytest.raises(ConfigError, match="strict"):
+            strict.lock(refused, ttl=1).try_acquire()
+        with pytest.raises(ConfigError, match="strict"):
+            strict.lock(refused, ttl=1).try_acquire()
+    assert raw(server).exists(lock_key(refused)) == 0, "a refused server took a lock"
+
+
+def test_R4_early_expiry_detected_within_one_renewal_period(server: RedisServer, locks: lockkit.Locker) -> None:
+    n, ttl = name(), 1.5
+    lease = locks.lock(n, ttl=ttl).acquire()
+    raw(server).pexpire(lock_key(n), 1)
+    expired = time.monotonic()
+    lost_at = wait_lost(lease, 3)
+    assert lost_at is not None and lost_at - expired <= ttl / 3 + SLACK

@@ -1,0 +1,150 @@
+"""Fault scenarios for redlock:// (RELIABILITY.md section 2.1), each named after its scenario."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+import lockkit
+from backends.pytest_fixtures import ProxyFactory, RedlockFactory
+from backends.servers import RedisServer, RedlockServers
+from lockkit import BackendUnavailable, ConfigError, LockLost
+
+SLACK = 0.25
+
+
+def name() -> str:
+    return f"redlock-{uuid.uuid4().hex[:8]}"
+
+
+def raw(server: RedisServer) -> redis.Redis:
+    return redis.Redis(host=server.host, port=server.port, socket_timeout=2)
+
+
+def lock_key(n: str) -> bytes:
+    return f"lockkit:{{{n}}}".encode()
+
+
+def hosts_url(ports: list[int], query: str = "") -> str:
+    return "redlock://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/0" + (f"?{query}" if query else "")
+
+
+def test_L1_two_masters_down_still_grants(fresh_redlock: RedlockFactory) -> None:
+    group = fresh_redlock()
+    group[0].kill()
+    group[1].kill()
+    with lockkit.connect(group.url) as locks:
+        lease = locks.lock(name(), ttl=2).acquire(timeout=2)
+        assert lease.valid and lease.remaining() > 1
+
+
+def test_L1_two_masters_blackholed_cost_about_one_timeout(
+    redlock_servers: RedlockServers, fault_proxy: ProxyFactory
+) -> None:
+    proxies = [fault_proxy(redlock_servers[i]) for i in range(2)]
+    ports = [p.port for p in proxies] + [redlock_servers[i].port for i in range(2, 5)]
+    timeout = 0.3
+    with lockkit.connect(hosts_url(ports, f"timeout={timeout}&connect_timeout={timeout}")) as locks:
+        locks.lock(name(), ttl=2).acquire(timeout=2).token  # noqa: B018 - warm the pools
+        for proxy in proxies:
+            proxy.set_mode("blackhole")
+        for attempt in range(2):  # pooled connections first, then fresh ones
+            started = time.monotonic()
+            lease = locks.lock(name(), ttl=2).acquire(timeout=2)
+            took = time.monotonic() - started
+            print(f"L-1 round {attempt}: {took:.3f} s with 2 of 5 masters blackholed (timeout {timeout})")
+            assert took <= 2 * timeout + 0.05 + SLACK
+            assert lease.valid and lease.remaining() > 1
+
+
+def test_L2_majority_down_is_unavailable_and_partial_locks_removed(fresh_redlock: RedlockFactory) -> None:
+    group = fresh_redlock()
+    for i in range(3):
+        group[i].kill()
+    n = name()
+    with lockkit.connect(group.url) as locks:
+        with pytest.raises(BackendUnavailable, match="reached 2 of 5 masters but needs 3") as info:
+            locks.lock(n, ttl=5).acquire(timeout=1)
+        assert "@" not in str(info.value)
+        for survivor in (group[3], group[4]):
+            assert raw(survivor).exists(lock_key(n)) == 0, "a partial lock was left on a survivor"
+
+
+def test_L3_simultaneous_contenders_never_both_win(redlock_servers: RedlockServers) -> None:
+    n = name()
+    with lockkit.connect(redlock_servers.url) as a, lockkit.connect(redlock_servers.url) as b:
+        lockers = [a, b]
+        for _ in range(100):
+            barrier = threading.Barrier(2)
+            won: list[lockkit.Lock] = []
+
+            def contend(locker: lockkit.Locker, barrier: threading.Barrier = barrier,
+                        won: list[lockkit.Lock] = won) -> None:
+                lock = locker.lock(n, ttl=2)
+                barrier.wait()
+                if lock.try_acquire() is not None:
+                    won.append(lock)
+
+            threads = [threading.Thread(target=contend, args=(lk,)) for lk in lockers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(5)
+            assert len(won) <= 1, "two contenders both won"
+            for lock in won:
+                lock.release()
+
+
+def test_L4_renew_ignores_masters_that_restarted(fresh_redlock: RedlockFactory) -> None:
+    group = fresh_redlock()
+    n = name()
+    with lockkit.connect(group.url) as locks:
+        lock = locks.lock(n, ttl=10, auto_renew=False)
+        lease = lock.acquire()
+        for i in range(3):
+            group[i].kill()
+            group[i].restart()
+            # as if the master had persisted our key: its "yes" must still not count
+            raw(group[i]).set(lock_key(n), lease.token, px=10_000)
+        with pytest.raises(LockLost):
+            lock.renew()
+
+
+def test_L6_bad_configs_rejected(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        lockkit.connect("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7001")
+    for hosts in (["127.0.0.1:7001"], ["127.0.0.1:7001", "127.0.0.1:7002"]):
+        with pytest.raises(ConfigError, match="at least 3"):
+            lockkit.connect("redlock://" + ",".join(hosts))
+    with pytest.raises(ConfigError, match="unknown option 'quorum'"):
+        lockkit.connect(hosts_url([7001, 7002, 7003], "quorum=1"))
+    with pytest.raises(ConfigError, match="twice") as info:
+        lockkit.connect("redlock://u:s3cr3t-XYZ@127.0.0.1:7001,127.0.0.1:7001,127.0.0.1:7002")
+    assert "s3cr3t" not in str(info.value)
+    with caplog.at_level(logging.WARNING, logger="lockkit"):
+        lockkit.connect(hosts_url([7001, 7002, 7003, 7004])).close()
+    assert any("even number" in r.getMessage() for r in caplog.records)
+
+
+def test_R2_script_flush_on_every_master(redlock_servers: RedlockServers) -> None:
+    with lockkit.connect(redlock_servers.url) as locks:
+        lock = locks.lock(name(), ttl=5, auto_renew=False)
+        lock.acquire()
+        for server in redlock_servers:
+            raw(server).script_flush()
+        lock.renew()
+        lock.release()
+
+
+async def test_L2_async_majority_down(fresh_redlock: RedlockFactory) -> None:
+    group = fresh_redlock()
+    for i in range(3):
+        group[i].kill()
+    async with lockkit.connect_async(group.url) as locks:
+        with pytest.raises(BackendUnavailable, match="reached 2 of 5"):
+            await locks.lock(name(), ttl=5).acquire(timeout=1)
