@@ -32,9 +32,34 @@ log = logging.getLogger("lockkit")
 DEFAULT_TTL = 30.0
 
 
+class _TokenSource:
+    """128-bit tokens from the OS CSPRNG, drawn 256 at a time.
+
+    A token is a capability, so never ``random`` or uuid1. One ``getrandom`` call per token cost ~40 µs
+    on some virtual machines; slicing a 4 KiB draw keeps every bit from the CSPRNG at a fraction of that.
+    The pool is dropped after ``fork`` so that parent and child never hand out the same token.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._pool = b""
+        self._pid = 0
+
+    def take(self) -> str:
+        with self._mutex:
+            if len(self._pool) < 16 or self._pid != os.getpid():
+                self._pool = secrets.token_bytes(4096)
+                self._pid = os.getpid()
+            token, self._pool = self._pool[:16], self._pool[16:]
+        return token.hex()
+
+
+_tokens = _TokenSource()
+
+
 def new_token() -> str:
-    """128 random bits from the OS CSPRNG: a token is a capability, so never ``random`` or uuid1."""
-    return secrets.token_hex(16)
+    """A fresh lease token: 128 random bits as 32 hex characters."""
+    return _tokens.take()
 
 
 class LockCore:
@@ -97,7 +122,8 @@ class LockCore:
         self.backend.track(lease)
         self.backend.stats.count("acquisitions")
         self.backend.stats.observe("wait", waited)
-        log.debug("lockkit: acquired %r token=%s fencing=%d", self.name, token_hint(token), grant.fencing_token)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("lockkit: acquired %r token=%s fencing=%d", self.name, token_hint(token), grant.fencing_token)
         return lease
 
     def timed_out(self, timeout: object) -> LockTimeout:

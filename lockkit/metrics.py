@@ -93,19 +93,22 @@ class BackendStats:
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._timings = {name: _Reservoir() for name in TIMINGS}
         self._rng = random.Random()
-        self._prom = _Prometheus.get()
+        prom = _Prometheus.get()
+        # Children bound to this backend's label once: labels() on every call costs more than the count.
+        self._prom_counters = {c: prom.counters[c].labels(backend) for c in COUNTERS} if prom else None
+        self._prom_timings = {t: prom.timings[t].labels(backend) for t in TIMINGS} if prom else None
 
     def count(self, counter: str, n: int = 1) -> None:
         with self._lock:
             self._counts[counter] += n
-        if self._prom is not None:
-            self._prom.counters[counter].labels(self.backend).inc(n)
+        if self._prom_counters is not None:
+            self._prom_counters[counter].inc(n)
 
     def observe(self, timing: str, seconds: float) -> None:
         with self._lock:
             self._timings[timing].add(seconds, self._rng)
-        if self._prom is not None:
-            self._prom.timings[timing].labels(self.backend).observe(seconds)
+        if self._prom_timings is not None:
+            self._prom_timings[timing].observe(seconds)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -171,6 +171,7 @@ class RenewalScheduler:
         self.book = RenewalBook(clock)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._planned: float | None = None  # when the thread will wake next (None: not before notified)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockkit-renew")
 
     def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
@@ -179,7 +180,11 @@ class RenewalScheduler:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lockkit-renewal", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            # Wake the thread only if this lease needs it sooner than it already plans to wake:
+            # waking it on every acquire would cost a context switch and a scan per lock operation.
+            due = min(lease.expires_at, lease.acquired_at + lease.ttl * RENEW_FRACTION)
+            if self._planned is None or due < self._planned:
+                self._cond.notify()
 
     def remove(self, lease: Lease) -> None:
         with self._cond:
@@ -195,9 +200,10 @@ class RenewalScheduler:
                 batches, expired = self.book.take_due(self.book.clock())
                 if not batches and not expired:
                     wake_at = self.book.next_wakeup()
-                    delay = None if wake_at is None else max(0.0, wake_at - self.book.clock())
-                    # a lease past its deadline still reads HELD internally until fired: 1 ms floor avoids a spin
-                    self._cond.wait(None if delay is None else max(delay, 0.001))
+                    delay = None if wake_at is None else max(0.001, wake_at - self.book.clock())
+                    self._planned = wake_at
+                    self._cond.wait(delay)
+                    self._planned = None
                     continue
             self.book.expire(expired)
             for target, batch in batches.items():
