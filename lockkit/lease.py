@@ -149,7 +149,7 @@ class Lease:
         with self._mutex:
             if self._state not in (LeaseState.HELD, LeaseState.UNCERTAIN):
                 return False
-            if self._state is LeaseState.HELD and self._clock() >= self._expires_at:
+            if self._clock() >= self._expires_at:
                 return False  # a renewal that comes back after the deadline must not revive the lease
             self._ttl = ttl
             self._expires_at = max(self._expires_at, lease_deadline(sent_at, ttl))

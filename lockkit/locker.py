@@ -23,6 +23,7 @@ from .lock import DEFAULT_TTL, Lock, LockCore
 from .names import validate_name
 from .offload import ThreadOffloadDriver
 from .registry import open_async_driver, open_driver
+from .renewal import async_scheduler, scheduler
 from .timing import Clock, default_clock
 from .urls import BackendURL, parse_url
 
@@ -206,10 +207,12 @@ class Locker(_LockerBase[Driver]):
         if self._closed:
             return
         self._closed = True
+        renewals = scheduler(self.clock)
         for backend in self._backends.values():
             leases = backend.live_leases()
             driver = backend.mark_closed()
             for lease in leases:
+                renewals.remove(lease)
                 lease.mark_lost("its locker was closed")
             if driver is not None:
                 driver.close()
@@ -274,10 +277,12 @@ class AsyncLocker(_LockerBase[AsyncDriver]):
         if self._closed:
             return
         self._closed = True
+        renewals = async_scheduler(self.clock)
         for backend in self._backends.values():
             leases = backend.live_leases()
             driver = backend.mark_closed()
             for lease in leases:
+                renewals.remove(lease)
                 lease.mark_lost("its locker was closed")
             if driver is not None:
                 await driver.close()

@@ -124,16 +124,21 @@ class RenewalBook:
     def apply(self, batch: Sequence[Entry], results: Sequence[Grant | BaseException | None]) -> None:
         """Record a batch's outcome: extend, lose, or schedule a retry."""
         now = self.clock()
+        failures: list[tuple[Entry, BaseException]] = []
         for entry, result in zip(batch, results, strict=True):
             entry.in_flight = False
+            if self._entries.get(id(entry.lease)) is not entry:
+                continue  # released (or re-registered) while the batch was in flight: its outcome is moot
             lease = entry.lease
+            if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
+                continue
             stats: BackendStats = entry.target.stats
             if isinstance(result, Grant):
                 if lease.extend(result.sent_at, result.ttl):
                     stats.count("renewals")
                     entry.next_renew = result.sent_at + result.ttl * RENEW_FRACTION
-                elif lease.state is LeaseState.LOST:
-                    lease.mark_lost(lease.lost_reason or "renewal came back after the lease's deadline")
+                elif lease.mark_lost("the renewal came back after the lease's deadline"):
+                    stats.count("losses")
                 continue
             if result is None:
                 stats.count("renewal_failures")
@@ -141,8 +146,18 @@ class RenewalBook:
                     stats.count("losses")
                 continue
             stats.count("renewal_failures")
-            log.warning("lockkit: renewing %r failed, retrying until its deadline: %s", lease.name, result)
+            failures.append((entry, result))
             entry.next_renew = now + min(MAX_RETRY_DELAY, lease.ttl * RETRY_FRACTION)
+        if failures:
+            first, error = failures[0]
+            # One line per batch: a dead connection fails thousands of renewals at once.
+            log.warning(
+                "lockkit: renewing %d lock(s) on backend %r failed (%r: %s); retrying until their deadlines",
+                len(failures),
+                getattr(first.target, "name", "?"),
+                first.lease.name,
+                error,
+            )
 
     def expire(self, entries: Sequence[Entry]) -> None:
         """Fire ``on_lost`` for leases whose deadline passed (their ``state`` already reads LOST)."""

@@ -101,3 +101,20 @@ def test_book_does_not_spin_while_a_batch_is_in_flight() -> None:
         assert book.take_due(clock.now) == ({}, [])
         # only the deadlines remain to wake for: the batch's completion wakes the scheduler for the rest
         assert book.next_wakeup() == min(lease.expires_at for lease in leases)
+
+
+def test_a_renewal_landing_after_release_does_not_fire_on_lost() -> None:
+    clock = _Clock()
+    fired: list[str] = []
+    with lockkit.connect("memory://book-release", clock=clock) as locks:
+        lock = locks.lock("r", ttl=3, auto_renew=False, on_lost=lambda lease: fired.append(lease.name))
+        lease = lock.acquire()
+        backend = locks.backend_for("r")
+        book = RenewalBook(clock)
+        book.add(lease, backend, 3, True, None)
+        clock.now = 1.0
+        batches, _ = book.take_due(clock.now)
+        book.remove(lease)  # what Lock.release does before the driver call
+        lock.release()
+        book.apply(batches[backend], [None])  # the in-flight renewal finds the key gone
+        assert fired == [] and lease.state.value == "released"

@@ -1,0 +1,257 @@
+"""The etcd v3 gRPC connection under the etcd driver: import guard, endpoints, auth, TLS, errors.
+
+Client choice: the generated etcd v3 gRPC stubs and messages of PyPI
+``etcd-sdk-python`` (import ``pyetcd``, a maintained fork of python-etcd3 whose
+generated code loads with protobuf 5.27 and later, 7 included), called through
+``grpcio`` directly. python-etcd3 (PyPI ``etcd3`` 0.12) cannot be imported with
+protobuf >= 4, and pinning an old protobuf would break applications; the
+fork's high-level client is bypassed because it never refreshes an expired
+auth token, parks a failed endpoint for five minutes, and its ``Lock`` is not
+safe to build on. What is used of it is only ``pyetcd.etcdrpc``.
+
+The import guard turns any failure to load grpc or the generated code (a
+protobuf too old for it raises ``VersionError``, python-etcd3-era code raises
+``TypeError: Descriptors cannot be created directly``) into a
+:class:`~lockkit.errors.ConfigError` naming the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from ..errors import BackendUnavailable, ConfigError
+
+__all__ = ["INSTALL_HINT", "EtcdClient", "cmp_created", "delete_op", "grpc", "load_client", "range_op", "rpc"]
+
+T = TypeVar("T")
+
+INSTALL_HINT = (
+    "pip install -U 'lockkit[etcd]' (it needs etcd-sdk-python>=0.0.7, grpcio and protobuf>=5.27.2; "
+    "python-etcd3 / the 'etcd3' package is not used and may stay installed)"
+)
+
+
+def load_client() -> tuple[Any, Any]:
+    """Import grpc and the generated etcd stubs, or raise a ConfigError that says how to fix it."""
+    try:
+        grpc_module = importlib.import_module("grpc")
+        rpc_module = importlib.import_module("pyetcd.etcdrpc")
+    except Exception as exc:  # generated protobuf code fails with TypeError, VersionError, ImportError…
+        raise ConfigError(
+            f"the etcd:// driver cannot load its gRPC client ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        ) from exc
+    return grpc_module, rpc_module
+
+
+grpc, rpc = load_client()
+
+# Keepalive pings find a dead connection under a long watch; etcd refuses pings more often than every 5 s.
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+_RETRY_CODES = ("UNAVAILABLE",)
+_AUTH_RETRY = ("invalid auth token", "auth token is not provided", "user name is empty")
+
+
+# -- request builders ------------------------------------------------------------------------------
+
+
+def cmp_created(key: bytes, revision: int) -> Any:
+    return rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision)
+
+
+def range_op(key: bytes, end: bytes = b"", *, newest_first: bool = False, limit: int = 0, below: int = 0) -> Any:
+    """A range read sorted by create_revision (``below``: max_create_revision, 0 = none)."""
+    order = rpc.RangeRequest.DESCEND if newest_first else rpc.RangeRequest.ASCEND
+    request = rpc.RangeRequest(
+        key=key,
+        range_end=end,
+        limit=limit,
+        sort_order=order,
+        sort_target=rpc.RangeRequest.CREATE,
+        max_create_revision=below,
+    )
+    return rpc.RequestOp(request_range=request)
+
+
+def delete_op(key: bytes) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+
+class EtcdClient:
+    """Channels to the members, one auth token, per-call timeouts and error translation."""
+
+    def __init__(
+        self,
+        endpoints: list[tuple[str, int]],
+        *,
+        credentials: Any = None,
+        user: str | None = None,
+        password: str | None = None,
+        timeout: float = 5.0,
+        shown: str = "etcd",
+    ) -> None:
+        self.timeout = timeout
+        self.shown = shown  # the URL with its password masked, for messages
+        self._targets = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in endpoints]
+        self._credentials = credentials
+        self._user, self._password = user, password
+        self._mutex = threading.Lock()
+        self._channels: dict[int, Any] = {}
+        self._stubs: dict[tuple[int, str], Any] = {}
+        self._current = 0
+        self._token: str | None = None
+        self._closed = False
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _channel(self, index: int) -> Any:
+        with self._mutex:
+            if self._closed:
+                raise BackendUnavailable(f"the etcd client for {self.shown} is closed")
+            channel = self._channels.get(index)
+            if channel is None:
+                target = self._targets[index]
+                if self._credentials is not None:
+                    channel = grpc.secure_channel(target, self._credentials, options=_CHANNEL_OPTIONS)
+                else:
+                    channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+                self._channels[index] = channel
+            return channel
+
+    def stub(self, index: int, service: str) -> Any:
+        """The cached ``<service>Stub`` over member ``index``'s channel."""
+        found = self._stubs.get((index, service))
+        if found is None:
+            found = self._stubs[(index, service)] = getattr(rpc, service + "Stub")(self._channel(index))
+        return found
+
+    def metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...] | None:
+        if self._user is None:
+            return None
+        with self._mutex:
+            token = self._token
+        if token is None:
+            token = self._authenticate(self._current if index is None else index)
+        return (("token", token),)
+
+    def _authenticate(self, index: int) -> str:
+        stub = self.stub(index, "Auth")
+        request = rpc.AuthenticateRequest(name=self._user, password=self._password)
+        try:
+            token = str(stub.Authenticate(request, timeout=self.timeout).token)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ConfigError(
+                    f"etcd at {self.shown} rejected user {self._user!r}: wrong user name or password "
+                    "(fix the credentials in the URL)"
+                ) from None
+            raise self.translate(exc, "authenticate") from exc
+        with self._mutex:
+            self._token = token
+        return token
+
+    def translate(self, exc: Any, what: str) -> BackendUnavailable:
+        code = exc.code()
+        detail = exc.details() or ""
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return BackendUnavailable(
+                f"etcd at {self.shown} denied {what} ({detail}): grant the user's role readwrite on the "
+                "lock prefix, e.g. etcdctl role grant-permission --prefix=true ROLE readwrite PREFIX"
+            )
+        name = getattr(code, "name", str(code))
+        return BackendUnavailable(f"etcd at {self.shown}: {what} failed ({name}: {detail})")
+
+    def call(self, service: str, method: str, request: Any, timeout: float | None = None) -> Any:
+        """One unary RPC; on UNAVAILABLE try the next member; re-authenticate once on a stale token."""
+        attempts = len(self._targets)
+        reauthed = False
+        last: Any = None
+        index = self._current
+        while attempts > 0:
+            stub = self.stub(index, service)
+            try:
+                return getattr(stub, method)(request, timeout=timeout or self.timeout, metadata=self.metadata(index))
+            except grpc.RpcError as exc:
+                last = exc
+                code, detail = exc.code(), (exc.details() or "")
+                if self._user is not None and not reauthed and any(s in detail for s in _AUTH_RETRY):
+                    reauthed = True
+                    self._authenticate(index)
+                    continue
+                if getattr(code, "name", "") not in _RETRY_CODES:
+                    raise
+                attempts -= 1
+                index = (index + 1) % len(self._targets)
+                with self._mutex:
+                    self._current = index
+        raise last
+
+    def guarded(self, what: str, fn: Callable[[], T]) -> T:
+        """Run ``fn``; translate a gRPC failure into BackendUnavailable."""
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            raise self.translate(exc, what) from exc
+
+    # -- the RPCs the driver uses ---------------------------------------------------------------
+
+    def txn(self, request: Any, what: str = "transaction") -> Any:
+        return self.guarded(what, lambda: self.call("KV", "Txn", request))
+
+    def range(self, request: Any, what: str = "read") -> Any:
+        return self.guarded(what, lambda: self.call("KV", "Range", request))
+
+    def grant(self, ttl: int) -> Any:
+        return self.guarded("lease grant", lambda: self.call("Lease", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl)))
+
+    def revoke(self, lease_id: int, timeout: float | None = None) -> None:
+        request = rpc.LeaseRevokeRequest(ID=lease_id)
+        try:
+            self.call("Lease", "LeaseRevoke", request, timeout)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise self.translate(exc, "lease revoke") from exc
+
+    def time_to_live(self, lease_id: int) -> int:
+        request = rpc.LeaseTimeToLiveRequest(ID=lease_id)
+        return int(self.guarded("lease lookup", lambda: self.call("Lease", "LeaseTimeToLive", request)).TTL)
+
+    def keepalive(self, lease_id: int, timeout: float | None = None) -> int:
+        """One keepalive round trip; the lease's TTL after it (<= 0: the lease is gone)."""
+
+        def once() -> int:
+            index = self._current
+            stub = self.stub(index, "Lease")
+            call = stub.LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+                timeout=timeout or self.timeout,
+                metadata=self.metadata(index),
+            )
+            try:
+                for response in call:
+                    return int(response.TTL)
+                return 0
+            finally:
+                call.cancel()
+
+        return self.guarded("lease keepalive", once)
+
+    def watch_stream(self, requests: Iterator[Any]) -> Any:
+        """Open a Watch stream (no deadline: it lives until cancelled or broken)."""
+        index = self._current
+        stub = self.stub(index, "Watch")
+        return stub.Watch(requests, metadata=self.metadata(index))
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+            self._stubs.clear()
+        for channel in channels:
+            channel.close()

@@ -1,0 +1,183 @@
+"""Session leases of the etcd driver: one etcd lease per distinct whole-second TTL, shared by every lock.
+
+Modelled on etcd's Go ``concurrency.Session``: every key the client creates for a
+lock of that TTL (held or queued) is attached to the session's lease, so a dead
+client's locks all vanish together when the lease expires, and keeping a
+thousand locks costs one keepalive per period.
+
+* **Granted lazily** on the first acquire with a given ``ceil(ttl)``; etcd may
+  grant more (its minimum TTL, about 2 s by default), and the granted TTL is the
+  effective ttl of every lock on it.
+* **Kept alive** by the renewal scheduler's ``renew_many`` (one keepalive per
+  round per session), by waiters when nobody holds a lock (at half the TTL,
+  one keepalive however many waiters), and by an acquire that finds the lease
+  older than a sixth of its TTL. An idle session is not kept alive: it lapses,
+  and the next acquire grants a new one.
+* **Lost** when a keepalive reports TTL <= 0 (revoked by an operator, expired)
+  or when no keepalive succeeded within the TTL (counted locally from the send
+  time of the last good one). Every lock held on it is reported through
+  ``ctx.events.lost``; a lease lost locally is revoked (best effort) so that keys
+  it may still hold on the server do not linger; later acquires get a new lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+
+from ..driver import LeaseEvents
+from ..errors import BackendUnavailable
+from ..timing import Clock, lease_deadline
+from ._etcd_client import EtcdClient, rpc
+
+__all__ = ["Held", "Session", "Sessions"]
+
+log = logging.getLogger("lockkit")
+
+REVOKE_TIMEOUT = 1.0
+ACQUIRE_REFRESH_AGE = 1 / 6
+"""An acquire keeps the lease alive first if its last keepalive is older than this share of the TTL.
+
+A new lock's validity counts from the session's last keepalive, so the renewal scheduler would renew a
+lock acquired on an older session almost at once (due at keepalive + ttl/3); keeping the session younger
+than ttl/6 lets a lock held briefly be released before any renewal, for one extra keepalive per ttl/6."""
+
+
+@dataclass(eq=False)
+class Session:
+    lease_id: int
+    ttl: int
+    """The TTL etcd granted (whole seconds): the effective ttl of every lock on this lease."""
+    requested: int
+    refreshed_at: float
+    """``clock()`` just before the last successful grant or keepalive was sent."""
+    dead: bool = False
+    tokens: set[str] = field(default_factory=set)
+    """Tokens of the locks held on this lease (reported lost with it)."""
+    waiters: int = 0
+    refresh_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def expires_locally(self) -> float:
+        return lease_deadline(self.refreshed_at, self.ttl)
+
+
+@dataclass(eq=False)
+class Held:
+    name: str
+    key: bytes
+    revision: int
+    session: Session
+
+
+class Sessions:
+    """The driver's session leases, keyed by requested whole-second TTL, and its orphaned keys."""
+
+    def __init__(self, client: EtcdClient, clock: Clock, events: LeaseEvents) -> None:
+        self._client = client
+        self._clock = clock
+        self._events = events
+        self._mutex = threading.Lock()
+        self._grant_mutex = threading.Lock()
+        self._by_ttl: dict[int, Session] = {}
+        self._orphans: list[tuple[bytes, int, bytes]] = []
+
+    def get(self, ttl: float) -> Session:
+        """A live session for locks of ``ttl``: granted if needed, kept alive if older than a sixth of its TTL."""
+        requested = max(1, math.ceil(ttl))
+        for _ in range(3):
+            with self._grant_mutex:
+                session = self._by_ttl.get(requested)
+                if session is not None and self._clock() >= session.expires_locally():
+                    self.lose(session, "no keepalive of the session lease succeeded within its TTL", revoke=True)
+                    session = None
+                if session is None:
+                    sent_at = self._clock()
+                    reply = self._client.grant(requested)
+                    session = Session(int(reply.ID), int(reply.TTL), requested, sent_at)
+                    with self._mutex:
+                        self._by_ttl[requested] = session
+                    return session
+            if self.refresh(session, session.ttl * ACQUIRE_REFRESH_AGE):
+                return session
+        raise BackendUnavailable(f"etcd at {self._client.shown} keeps losing fresh session leases")
+
+    def refresh(self, session: Session, max_age: float) -> bool:
+        """Keepalive unless one was sent within ``max_age``; ``False`` if the lease is gone."""
+        with session.refresh_lock:
+            if session.dead:
+                return False
+            if max_age > 0 and self._clock() - session.refreshed_at < max_age:
+                return True
+            sent_at = self._clock()
+            granted = self._client.keepalive(session.lease_id, timeout=min(self._client.timeout, session.ttl / 2))
+            if granted <= 0:
+                self.lose(session, "etcd reports the session lease gone (revoked or expired)")
+                return False
+            session.refreshed_at = max(session.refreshed_at, sent_at)
+            session.ttl = granted
+            return True
+
+    def lose(self, session: Session, reason: str, revoke: bool = False) -> None:
+        """Mark ``session`` lost, report every lock held on it, and stop using it for new acquires."""
+        with self._mutex:
+            if session.dead:
+                return
+            session.dead = True
+            if self._by_ttl.get(session.requested) is session:
+                del self._by_ttl[session.requested]
+            tokens = list(session.tokens)
+        log.warning(
+            "lockkit: etcd session lease %x lost (%s); %d lock(s) affected", session.lease_id, reason, len(tokens)
+        )
+        for token in tokens:
+            self._events.lost(token, reason)
+        if revoke and (tokens or session.waiters):
+            self._revoke(session)
+
+    def _revoke(self, session: Session) -> None:
+        try:
+            self._client.revoke(session.lease_id, timeout=min(self._client.timeout, REVOKE_TIMEOUT))
+        except BackendUnavailable as exc:  # the lease then expires on its own
+            log.info("lockkit: could not revoke abandoned etcd lease %x: %s", session.lease_id, exc)
+
+    # -- keys whose fate is unknown (a reply was lost) -------------------------------------
+
+    def orphan(self, key: bytes, revision: int = 0, value: bytes = b"") -> None:
+        """Remember a key to delete later: guarded on ``revision`` if known, else on its ``value``."""
+        with self._mutex:
+            self._orphans.append((key, revision, value))
+
+    def sweep(self) -> None:
+        """Try once to delete every orphaned key (each delete guarded, so a new owner is never touched)."""
+        with self._mutex:
+            orphans, self._orphans = self._orphans, []
+        for index, (key, revision, value) in enumerate(orphans):
+            if revision:
+                compare = rpc.Compare(
+                    result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision
+                )
+            else:
+                compare = rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE, key=key, value=value)
+            request = rpc.TxnRequest(
+                compare=[compare], success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))]
+            )
+            try:
+                self._client.txn(request, "cleanup delete")
+            except BackendUnavailable:
+                with self._mutex:
+                    self._orphans.extend(orphans[index:])
+                return
+
+    @property
+    def has_orphans(self) -> bool:
+        return bool(self._orphans)
+
+    def close(self) -> None:
+        """Revoke every session lease (their keys vanish with them: held locks are freed at once)."""
+        with self._mutex:
+            sessions, self._by_ttl = list(self._by_ttl.values()), {}
+        for session in sessions:
+            session.dead = True
+            self._revoke(session)

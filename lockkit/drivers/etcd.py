@@ -1,0 +1,460 @@
+"""``etcd://h1:2379,h2:2379`` and ``etcds://`` (TLS): consensus locks on etcd v3, one session lease per client.
+
+Guarantees: the lock state lives in etcd's Raft log, so a lock survives the loss
+of a minority of members; waiters are served in arrival order (FIFO by
+``create_revision``); the fencing token is the holder key's ``create_revision``,
+which strictly increases per name (it is etcd's global revision) for as long as
+the cluster keeps its data. The model is etcd's Go ``client/v3/concurrency``
+(``mutex.go``, ``session.go``).
+
+Key layout (see :mod:`._etcd_keys`)::
+
+    <prefix><encode_name(name)>/<lease-id hex>-<sha256(token)[:16]>  = token
+
+* **acquire** is one transaction: if our key does not exist, put it under the
+  session lease and read the two newest keys of the name's range. If ours is the
+  only one we hold the lock (one round trip). Otherwise the other key is our
+  predecessor: we watch only it, from the read's revision, and after its delete
+  re-check in one transaction that our key still exists and what is now below it.
+  Before reporting "acquired" we know our key exists (so its lease was alive at
+  that revision) and that the session's last keepalive is recent (etcd #11456).
+  A one-shot attempt (deadline already past) puts its key only if the name's
+  range is empty, so a failed ``try_acquire`` leaves nothing to clean up.
+* A waiter that times out or is cancelled deletes its key (guarded on its
+  ``create_revision``); a key whose create reply was lost is deleted later by
+  token (guarded on its value) or dies with the session.
+* **release / renew** are guarded on our key's ``create_revision``: a stale
+  release never deletes a newer key of the same name (etcd #22082). ``renew``
+  is a keepalive of the session lease plus a check that our key still exists;
+  ``renew_many`` sends one keepalive per session and checks up to 128 keys per
+  transaction (etcd's default ``--max-txn-ops``).
+
+Deviations: a lock lives as long as its session lease, so a lock acquired with
+``auto_renew=False`` stays held while other locks or waiters of the same client
+and TTL keep the session alive (``lifetime="session"``). The effective ttl is
+the granted whole-second lease TTL, at least etcd's minimum (about 2 s by
+default). ``renew(ttl=…)`` cannot change a lease's TTL: it reports the session's.
+Blocking client only: asyncio goes through :mod:`lockkit.offload`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ..errors import BackendUnavailable, ConfigError
+from ..lease import token_hint
+from ..urls import BackendURL, parse_options
+from ._etcd_client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
+from ._etcd_keys import DEFAULT_PREFIX, lock_key, name_range
+from ._etcd_session import Held, Session, Sessions
+from ._etcd_watch import Watch, Watcher
+
+__all__ = ["EtcdDriver", "EtcdOptions"]
+
+DEFAULT_PORT = 2379
+MAX_TXN_OPS = 128
+
+
+class _Requeue:
+    """Our queued key vanished (session lease revoked or expired, or deleted): queue again."""
+
+
+_REQUEUE = _Requeue()
+
+
+class _Placed(NamedTuple):
+    revision: int
+    predecessor: bytes | None
+    seen: int
+    """The revision at which ``predecessor`` was read: watch from the next one."""
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class EtcdOptions:
+    prefix: str = DEFAULT_PREFIX
+    """Every key lockkit creates starts with this (grant the role readwrite on it)."""
+    timeout: float = 5.0
+    """Seconds each request may take before the call fails with BackendUnavailable."""
+    ca: str | None = None
+    """etcds://: PEM file of the CA that signed the members' certificates (default: system roots)."""
+    cert: str | None = None
+    """etcds://: PEM client certificate, for --client-cert-auth."""
+    key: str | None = None
+    """etcds://: PEM private key of ``cert``."""
+
+    def __post_init__(self) -> None:
+        if not self.prefix:
+            raise ConfigError("prefix must not be empty (it separates lockkit's keys from the rest)")
+        if not 0 < self.timeout <= 300:
+            raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}")
+        if (self.cert is None) != (self.key is None):
+            raise ConfigError("give both cert and key (client certificate authentication) or neither")
+
+
+def _read_pem(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file {path!r} ({exc.strerror})") from None
+
+
+class EtcdDriver:
+    guarantees: ClassVar[Guarantees] = Guarantees(
+        scope="consensus",
+        fifo=True,
+        fencing="strict",
+        survives_failover=True,
+        lifetime="session",
+        note="Raft consensus; one session lease per client and TTL; fencing token = the key's create_revision.",
+    )
+
+    def __init__(self, client: EtcdClient, options: EtcdOptions, ctx: DriverContext) -> None:
+        self._client = client
+        self._prefix = options.prefix
+        self._clock = ctx.clock
+        self._sessions = Sessions(client, ctx.clock, ctx.events)
+        self._watcher = Watcher(client)
+        self._mutex = threading.Lock()
+        self._held: dict[str, Held] = {}
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> EtcdDriver:
+        options = parse_options(EtcdOptions, url.options, url)
+        if not url.hosts:
+            raise ConfigError(f"{url.scheme}:// needs at least one host, e.g. {url.scheme}://127.0.0.1:2379; got {url}")
+        if url.path not in ("", "/"):
+            raise ConfigError(f"etcd URLs take no path; set the key prefix with ?prefix=/myapp/locks/ (got {url})")
+        endpoints = url.host_port(DEFAULT_PORT)
+        if len(set(endpoints)) != len(endpoints):
+            raise ConfigError(f"duplicate etcd endpoint in {url}")
+        if url.password is not None and not url.username:
+            raise ConfigError(f"a password needs a user name: {url.scheme}://USER:PASSWORD@host (got {url})")
+        credentials = None
+        if url.scheme == "etcds":
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem(options.ca, "CA"),
+                private_key=_read_pem(options.key, "client key"),
+                certificate_chain=_read_pem(options.cert, "client certificate"),
+            )
+        elif options.ca or options.cert:
+            raise ConfigError(f"TLS options (ca, cert, key) need the etcds:// scheme; got {url}")
+        client = EtcdClient(
+            endpoints,
+            credentials=credentials,
+            user=url.username,
+            password=url.password,
+            timeout=options.timeout,
+            shown=str(url),
+        )
+        return cls(client, options, ctx)
+
+    # -- acquire ---------------------------------------------------------------------------------
+
+    def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        start, end = name_range(self._prefix, name)
+        for _ in range(100):  # a re-queue happens only when our queued key vanished (lease revoked, deleted)
+            if cancel is not None and cancel.cancelled:
+                return None
+            if self._sessions.has_orphans:
+                self._sessions.sweep()
+            session = self._sessions.get(ttl)
+            key = lock_key(self._prefix, name, session.lease_id, token)
+            one_shot = deadline is not None and self._clock() >= deadline
+            try:
+                placed = self._place(session, key, token, start, end, one_shot)
+            except BackendUnavailable:
+                self._sessions.orphan(key, value=token.encode())  # the create may have been applied
+                raise
+            if isinstance(placed, _Requeue):
+                continue
+            if placed is None:
+                return None
+            if placed.predecessor is None:
+                return self._granted(name, token, key, placed.revision, session, placed.sent_at)
+            result = self._wait(name, token, key, session, placed, start, end, deadline, cancel)
+            if not isinstance(result, _Requeue):
+                return result
+        raise BackendUnavailable(f"etcd at {self._client.shown}: our queued key kept vanishing; giving up")
+
+    def _place(
+        self, session: Session, key: bytes, token: str, start: bytes, end: bytes, one_shot: bool
+    ) -> _Placed | _Requeue | None:
+        """Create our key (one txn) and learn our predecessor; None: a one-shot attempt found it taken."""
+        put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=token.encode(), lease=session.lease_id))
+        if one_shot:  # put only if nobody holds or waits: nothing to clean up when it fails
+            empty = rpc.Compare(
+                result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=start, range_end=end, create_revision=0
+            )
+            request = rpc.TxnRequest(compare=[empty], success=[put])
+        else:
+            request = rpc.TxnRequest(
+                compare=[cmp_created(key, 0)],
+                success=[put, range_op(start, end, newest_first=True, limit=2)],
+                failure=[range_op(key)],
+            )
+        fresh = min(self._clock(), session.refreshed_at)
+        try:
+            reply = self._client.call("KV", "Txn", request)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # "requested lease not found": revoked or expired
+                self._sessions.lose(session, "etcd reports the session lease gone (revoked or expired)")
+                return _REQUEUE
+            raise self._client.translate(exc, "acquire") from exc
+        revision = int(reply.header.revision)
+        if one_shot:
+            return _Placed(revision, None, revision, fresh) if reply.succeeded else None
+        if not reply.succeeded:  # our key exists: a create whose reply was lost, retried
+            kvs = reply.responses[0].response_range.kvs
+            if not kvs or kvs[0].value != token.encode():
+                raise BackendUnavailable(f"etcd at {self._client.shown}: lock key collision; retry")
+            mine = int(kvs[0].create_revision)
+            below = self._client.range(range_op(start, end, newest_first=True, limit=1, below=mine - 1).request_range)
+            pred = below.kvs[0].key if below.kvs else None
+            return _Placed(mine, pred, int(below.header.revision), fresh)
+        kvs = reply.responses[1].response_range.kvs
+        return _Placed(revision, kvs[1].key if len(kvs) > 1 else None, revision, fresh)
+
+    def _wait(
+        self,
+        name: str,
+        token: str,
+        key: bytes,
+        session: Session,
+        placed: _Placed,
+        start: bytes,
+        end: bytes,
+        deadline: float | None,
+        cancel: Cancel | None,
+    ) -> Grant | _Requeue | None:
+        """Sleep until our predecessor's delete, re-check, repeat; the Grant, None (gave up) or _REQUEUE."""
+        revision, pred = placed.revision, placed.predecessor or b""
+        stop = threading.Event()
+        handle, check_now = self._watch(pred, placed.seen)
+
+        def wake() -> None:
+            stop.set()
+            handle.fire()
+
+        unhook = cancel.on_cancel(wake) if cancel is not None else None
+        with self._mutex:
+            session.waiters += 1
+        failures = 0
+        next_refresh = session.refreshed_at + session.ttl / 2
+        try:
+            while True:
+                now = self._clock()
+                if stop.is_set() or (deadline is not None and now >= deadline):
+                    handle.cancel()
+                    self._abandon(key, revision, token)
+                    return None
+                if not check_now:
+                    waits = [next_refresh - now] + ([deadline - now] if deadline is not None else [])
+                    if not handle.event.wait(max(0.001, min(waits))):
+                        refresh = self._keep_waiting_alive(session)
+                        if refresh is None:
+                            handle.cancel()
+                            return _REQUEUE
+                        next_refresh = refresh
+                        continue
+                    if stop.is_set():
+                        continue
+                check_now = False
+                if handle.event.is_set():  # used up: the delete came, or the watch failed
+                    handle.cancel()
+                    failures = failures + 1 if handle.failed else 0
+                    if failures:  # the stream broke or etcd refused the watch: back off before re-watching
+                        stop.wait(min(1.0, 0.02 * 2**failures))
+                try:
+                    check = self._client.txn(
+                        rpc.TxnRequest(
+                            compare=[cmp_created(key, revision)],
+                            success=[range_op(start, end, newest_first=True, limit=1, below=revision - 1)],
+                        ),
+                        "re-check",
+                    )
+                except BackendUnavailable:
+                    failures += 1
+                    stop.wait(min(1.0, 0.02 * 2**failures))
+                    check_now = True
+                    continue
+                if not check.succeeded:  # our key is gone: lease revoked/expired, or deleted by an operator
+                    handle.cancel()
+                    with contextlib.suppress(BackendUnavailable):
+                        self._sessions.refresh(session, 0)
+                    return _REQUEUE
+                kvs = check.responses[0].response_range.kvs
+                if not kvs:
+                    handle.cancel()
+                    if self._clock() - session.refreshed_at > session.ttl / 3 and not self._sessions.refresh(
+                        session, session.ttl / 3
+                    ):
+                        return _REQUEUE
+                    return self._granted(name, token, key, revision, session, session.refreshed_at)
+                if kvs[0].key == pred and not handle.event.is_set():
+                    continue  # the live watch started before this read: it will see pred's delete
+                handle.cancel()
+                pred = kvs[0].key
+                handle, check_now = self._watch(pred, int(check.header.revision))
+        finally:
+            with self._mutex:
+                session.waiters -= 1
+            if unhook is not None:
+                unhook()
+
+    def _watch(self, pred: bytes, seen: int) -> tuple[Watch, bool]:
+        """Watch ``pred`` from now; also say whether to re-check (anything written since we read it at ``seen``)."""
+        handle = self._watcher.watch(pred)
+        if not handle.created.wait(self._client.timeout):
+            handle.fire(failed=True)
+            return handle, False
+        return handle, handle.revision > seen  # the delete may have come before the watch started
+
+    def _keep_waiting_alive(self, session: Session) -> float | None:
+        """Keep the session lease alive while we only wait; the next refresh time, or None if it is gone."""
+        try:
+            if not self._sessions.refresh(session, session.ttl / 2):
+                return None
+        except BackendUnavailable:
+            return self._clock() + min(1.0, session.ttl / 10)  # retried; the re-check will tell if it expired
+        return session.refreshed_at + session.ttl / 2
+
+    def _abandon(self, key: bytes, revision: int, token: str) -> None:
+        try:
+            self._client.txn(rpc.TxnRequest(compare=[cmp_created(key, revision)], success=[delete_op(key)]), "dequeue")
+        except BackendUnavailable:
+            self._sessions.orphan(key, revision)
+
+    def _granted(self, name: str, token: str, key: bytes, revision: int, session: Session, sent_at: float) -> Grant:
+        with self._mutex:
+            self._held[token] = Held(name, key, revision, session)
+            session.tokens.add(token)
+        return Grant(revision, float(session.ttl), sent_at)
+
+    # -- renew, release -----------------------------------------------------------------------------
+
+    def _alive(self, held: list[Held]) -> list[bool]:
+        """Which of these keys still exist with their create_revision (one txn per 128 keys)."""
+        out: list[bool] = []
+        for i in range(0, len(held), MAX_TXN_OPS):
+            chunk = held[i : i + MAX_TXN_OPS]
+            reply = self._client.txn(
+                rpc.TxnRequest(
+                    compare=[cmp_created(h.key, h.revision) for h in chunk],
+                    failure=[range_op(h.key) for h in chunk],
+                ),
+                "renew check",
+            )
+            if reply.succeeded:
+                out.extend([True] * len(chunk))
+                continue
+            for h, response in zip(chunk, reply.responses, strict=True):
+                kvs = response.response_range.kvs
+                out.append(bool(kvs) and int(kvs[0].create_revision) == h.revision)
+        return out
+
+    def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        result = self._renew([RenewRequest(name, token, ttl)], reuse=0.0)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        # batches due at different moments share a keepalive sent within the last tenth of the TTL
+        return self._renew(requests, reuse=0.1)
+
+    def _renew(self, requests: Sequence[RenewRequest], reuse: float) -> list[Grant | Exception | None]:
+        results: list[Grant | Exception | None] = [None] * len(requests)
+        groups: dict[int, tuple[Session, list[tuple[int, Held]]]] = {}
+        with self._mutex:
+            for i, request in enumerate(requests):
+                held = self._held.get(request.token)
+                if held is not None and held.name == request.name:
+                    groups.setdefault(id(held.session), (held.session, []))[1].append((i, held))
+        for session, items in groups.values():
+            sent_at = self._clock()
+            try:
+                if not self._sessions.refresh(session, session.ttl * reuse):
+                    continue
+                sent_at = min(sent_at, session.refreshed_at)
+                alive = self._alive([h for _, h in items])
+            except BackendUnavailable as exc:
+                for i, _ in items:
+                    results[i] = exc
+                continue
+            for (i, held), ok in zip(items, alive, strict=True):
+                results[i] = Grant(held.revision, float(session.ttl), sent_at) if ok else None
+        if self._sessions.has_orphans:
+            with contextlib.suppress(BackendUnavailable):
+                self._sessions.sweep()
+        return results
+
+    def _delete_if(self, key: bytes, revision: int) -> bool:
+        reply = self._client.txn(
+            rpc.TxnRequest(compare=[cmp_created(key, revision)], success=[delete_op(key)]), "release"
+        )
+        return bool(reply.succeeded)
+
+    def release(self, name: str, token: str) -> bool:
+        with self._mutex:
+            held = self._held.pop(token, None)
+            if held is not None:
+                held.session.tokens.discard(token)
+        if held is None or held.name != name:
+            return self._release_by_value(name, token)
+        try:
+            return self._delete_if(held.key, held.revision)
+        except BackendUnavailable:
+            self._sessions.orphan(held.key, held.revision)  # deleted on a later round, or dies with the lease
+            raise
+
+    def _release_by_value(self, name: str, token: str) -> bool:
+        """A token this driver does not track (another handle of the same client): find its key by value."""
+        start, end = name_range(self._prefix, name)
+        reply = self._client.range(range_op(start, end).request_range)
+        for kv in reply.kvs:
+            if kv.value == token.encode():
+                return self._delete_if(kv.key, int(kv.create_revision))
+        return False
+
+    # -- administration ------------------------------------------------------------------------------
+
+    def _first(self, name: str) -> Any:
+        start, end = name_range(self._prefix, name)
+        return self._client.range(range_op(start, end, limit=1).request_range, "status read")
+
+    def holder(self, name: str) -> HolderInfo:
+        reply = self._first(name)
+        if not reply.kvs:
+            return HolderInfo(False, waiters=0)
+        kv = reply.kvs[0]
+        left = self._client.time_to_live(int(kv.lease)) if kv.lease else None
+        return HolderInfo(
+            True,
+            token_hint(kv.value.decode("utf-8", "replace")),
+            int(kv.create_revision),
+            None if left is None else float(max(left, 0)),
+            int(reply.count) - 1,
+        )
+
+    def force_release(self, name: str) -> bool:
+        reply = self._first(name)
+        return bool(reply.kvs) and self._delete_if(reply.kvs[0].key, int(reply.kvs[0].create_revision))
+
+    def ping(self) -> None:
+        self._client.range(rpc.RangeRequest(key=self._prefix.encode(), count_only=True), "ping")
+
+    def close(self) -> None:
+        self._watcher.close()
+        self._sessions.close()
+        self._client.close()
