@@ -39,12 +39,14 @@ def _version(cmd: list[str]) -> str:
 
 def machine() -> str:
     load = os.getloadavg()
-    return "\n".join([
-        f"- date: {time.strftime('%Y-%m-%d')}; {platform.platform()}; {os.cpu_count()} cores; "
-        f"load average at start {load[0]:.1f}",
-        f"- Python {platform.python_version()}; {_version(['redis-server', '--version'])}; "
-        f"{_version(['etcd', '--version'])}",
-    ])
+    return "\n".join(
+        [
+            f"- date: {time.strftime('%Y-%m-%d')}; {platform.platform()}; {os.cpu_count()} cores; "
+            f"load average at start {load[0]:.1f}",
+            f"- Python {platform.python_version()}; {_version(['redis-server', '--version'])}; "
+            f"{_version(['etcd', '--version'])}",
+        ]
+    )
 
 
 def main() -> int:

@@ -168,14 +168,20 @@ def main() -> None:
     parser.add_argument("--contend", type=float, default=5.0, help="seconds of the contention run")
     parser.add_argument("--locks", type=int, default=10_000, help="locks held in the scale run")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds the scale run holds them")
+    parser.add_argument("--parts", default="uncontended,contention,scale",
+                        help="comma-separated parts to run: uncontended, contention, scale")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     print(f"# lockkit Redis benchmark: Python {platform.python_version()}, redis-py {redis.__version__}, "
           f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}")
     with RedisServer() as single, RedlockServers(5) as group:
-        uncontended(single.url, single.port, group.url, args.ops, args.rounds)
-        contention(single.url, args.contend)
-        contention(group.url, args.contend)
-        scale(single.url, single.port, args.locks, args.hold)
+        if "uncontended" in parts:
+            uncontended(single.url, single.port, group.url, args.ops, args.rounds)
+        if "contention" in parts:
+            contention(single.url, args.contend)
+            contention(group.url, args.contend)
+        if "scale" in parts:
+            scale(single.url, single.port, args.locks, args.hold)
 
 
 if __name__ == "__main__":

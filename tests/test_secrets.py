@@ -8,7 +8,7 @@ import traceback
 import pytest
 
 import lockkit
-from lockkit import BackendUnavailable, LockError
+from lockkit import BackendUnavailable
 
 SECRET = "s3cr3t-XYZ"
 

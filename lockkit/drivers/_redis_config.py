@@ -159,10 +159,11 @@ def redis_nodes(url: BackendURL) -> tuple[NodeSpec, RedisOptions]:
     db = _db_from_path(url)
     if db is not None and options.db is not None and db != options.db:
         raise ConfigError(f"database given twice (path and db=) in {url}")
-    (host, port), = url.host_port(DEFAULT_PORT)
+    ((host, port),) = url.host_port(DEFAULT_PORT)
     label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    spec = NodeSpec(label, host, port, None, db if db is not None else options.db or 0,
-                    url.username, url.password, tls, options)
+    spec = NodeSpec(
+        label, host, port, None, db if db is not None else options.db or 0, url.username, url.password, tls, options
+    )
     return spec, options
 
 
@@ -183,11 +184,19 @@ def redlock_nodes(url: BackendURL) -> tuple[list[NodeSpec], RedlockOptions]:
             raise ConfigError(f"redlock:// lists {host}:{port} twice in {url}: a node counted twice fakes a quorum")
         seen.add(key)
     if len(endpoints) % 2 == 0:
-        log.warning("lockkit: redlock with an even number of masters (%d) tolerates no more failures than %d; "
-                    "use an odd number", len(endpoints), len(endpoints) - 1)
+        log.warning(
+            "lockkit: redlock with an even number of masters (%d) tolerates no more failures than %d; "
+            "use an odd number",
+            len(endpoints),
+            len(endpoints) - 1,
+        )
     db = _db_from_path(url) or 0
-    specs = [NodeSpec(f"[{h}]:{p}" if ":" in h else f"{h}:{p}", h, p, None, db, url.username, url.password,
-                      options.tls, options) for h, p in endpoints]
+    specs = [
+        NodeSpec(
+            f"[{h}]:{p}" if ":" in h else f"{h}:{p}", h, p, None, db, url.username, url.password, options.tls, options
+        )
+        for h, p in endpoints
+    ]
     return specs, options
 
 
@@ -237,18 +246,27 @@ def apply_hello(state: NodeState, replies: Sequence[Any]) -> None:
                     state.epoch += 1
                     log.warning(
                         "lockkit: redis %s restarted (its run_id changed): locks held there were lost unless it "
-                        "persists data, and its fencing counters may have gone back", state.label)
+                        "persists data, and its fencing counters may have gone back",
+                        state.label,
+                    )
                 state.run_id = run_id
     elif isinstance(info, ResponseError):
         _warn_once(state, "info", "lockkit: redis %s denies INFO (%s): restarts cannot be detected", state.label, info)
     if isinstance(policy, NoPermissionError):
-        _warn_once(state, "config", "lockkit: redis %s denies CONFIG GET, so lockkit cannot check that "
-                   "maxmemory-policy is noeviction; make sure it is, or lock keys may be evicted", state.label)
+        _warn_once(
+            state,
+            "config",
+            "lockkit: redis %s denies CONFIG GET, so lockkit cannot check that "
+            "maxmemory-policy is noeviction; make sure it is, or lock keys may be evicted",
+            state.label,
+        )
     elif isinstance(policy, list) and len(policy) == 2:
         value = policy[1].decode() if isinstance(policy[1], bytes) else str(policy[1])
         if value != "noeviction":
-            message = (f"redis {state.label} has maxmemory-policy {value}: under memory pressure it can evict "
-                       "lock keys and two clients could hold one lock; set it to noeviction")
+            message = (
+                f"redis {state.label} has maxmemory-policy {value}: under memory pressure it can evict "
+                "lock keys and two clients could hold one lock; set it to noeviction"
+            )
             if state.strict:
                 state.refused = ConfigError(message + " (strict=true refuses this server)")
                 raise state.refused

@@ -86,8 +86,14 @@ def _left(clock: Clock, deadline: float | None) -> float | None:
 
 
 def acquire_flow(
-    keys: LockKeys, token: str, ttl: float, deadline: float | None, clock: Clock, label: str,
-    min_replicas: int = 0, replica_timeout: float = 0.1,
+    keys: LockKeys,
+    token: str,
+    ttl: float,
+    deadline: float | None,
+    clock: Clock,
+    label: str,
+    min_replicas: int = 0,
+    replica_timeout: float = 0.1,
 ) -> Flow[Grant | None]:
     calls: tuple[Call, ...] = (Call(ACQUIRE, (keys.lock, keys.fence), (token, ms(ttl))),)
     if min_replicas:
@@ -102,7 +108,8 @@ def acquire_flow(
                 yield Send((Call(RELEASE, (keys.lock,), (token, keys.channel)),), True)
                 raise BackendUnavailable(
                     f"redis {label}: only {replies[1]} of the {min_replicas} replicas required by min_replicas "
-                    "acknowledged the lock within replica_timeout; the lock was released again")
+                    "acknowledged the lock within replica_timeout; the lock was released again"
+                )
             return Grant(int(value), ttl, sent_at)
         left = _left(clock, deadline)
         if left is not None and left <= 0:
@@ -117,7 +124,12 @@ def acquire_flow(
 
 
 def redlock_acquire_flow(
-    keys: LockKeys, token: str, ttl: float, deadline: float | None, clock: Clock, masters: int,
+    keys: LockKeys,
+    token: str,
+    ttl: float,
+    deadline: float | None,
+    clock: Clock,
+    masters: int,
     retry_delay: float,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
     take = (Call(ACQUIRE, (keys.lock,), (token, ms(ttl))),)
@@ -134,7 +146,8 @@ def redlock_acquire_flow(
         if tally.reached < need:
             raise BackendUnavailable(
                 f"redlock reached {tally.reached} of {masters} masters but needs {need}; "
-                "the partial locks were removed. Check that a majority of the masters is up")
+                "the partial locks were removed. Check that a majority of the masters is up"
+            )
         left = _left(clock, deadline)
         if left is not None and left <= 0:
             return None

@@ -207,8 +207,9 @@ class AsyncNode:
         replies: list[Any] = []
         for i in range(count):
             try:
-                replies.append(await (conn.read_response(timeout=_remaining(deadline)) if i == 0
-                                      else conn.read_response()))
+                replies.append(
+                    await (conn.read_response(timeout=_remaining(deadline)) if i == 0 else conn.read_response())
+                )
             except ResponseError as exc:
                 replies.append(exc)
         return replies

@@ -33,55 +33,70 @@ class Script:
 # KEYS[1] lock key; KEYS[2] (optional) fencing counter of the same name
 # ARGV[1] token; ARGV[2] TTL in milliseconds
 # -> {1, fence} if taken (fence is 0 without KEYS[2]); {0, pttl} if someone else holds it
-ACQUIRE = Script("acquire", """
+ACQUIRE = Script(
+    "acquire",
+    """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if KEYS[2] then return {1, redis.call('incr', KEYS[2])} end
   return {1, 0}
 end
 return {0, redis.call('pttl', KEYS[1])}
-""")
+""",
+)
 
 # KEYS[1] lock key; KEYS[2] (optional) fencing counter
 # ARGV[1] token; ARGV[2] TTL in milliseconds
 # -> {1, fence} if the key still held our token (its TTL is now ARGV[2]); {0, 0} otherwise
-RENEW = Script("renew", """
+RENEW = Script(
+    "renew",
+    """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[2])
   if KEYS[2] then return {1, tonumber(redis.call('get', KEYS[2]) or '0')} end
   return {1, 0}
 end
 return {0, 0}
-""")
+""",
+)
 
 # KEYS[1] lock key
 # ARGV[1] token; ARGV[2] wake-up channel of the same name
 # -> 1 if the key held our token (deleted, waiters woken); 0 otherwise (nothing touched)
-RELEASE = Script("release", """
+RELEASE = Script(
+    "release",
+    """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
   redis.call('publish', ARGV[2], '')
   return 1
 end
 return 0
-""")
+""",
+)
 
 # KEYS[1] lock key
 # ARGV[1] wake-up channel
 # -> 1 if a lock was deleted (waiters woken), 0 if it was free
-FORCE_RELEASE = Script("force_release", """
+FORCE_RELEASE = Script(
+    "force_release",
+    """
 if redis.call('del', KEYS[1]) == 1 then
   redis.call('publish', ARGV[1], '')
   return 1
 end
 return 0
-""")
+""",
+)
 
 # KEYS[1] lock key; KEYS[2] (optional) fencing counter
 # -> {token or false, pttl, fence or false}  (read-only)
-HOLDER = Script("holder", """
+HOLDER = Script(
+    "holder",
+    """
 local fence = false
 if KEYS[2] then fence = redis.call('get', KEYS[2]) end
 return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), fence}
-""")
+""",
+)
 
 ALL = (ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, HOLDER)

@@ -62,9 +62,13 @@ from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 __all__ = ["AsyncRedisDriver", "RedisDriver"]
 
 GUARANTEES = Guarantees(
-    scope="single-node", fifo=False, fencing="strict", survives_failover=False, lifetime="ttl",
+    scope="single-node",
+    fifo=False,
+    fencing="strict",
+    survives_failover=False,
+    lifetime="ttl",
     note="One Redis server: a failover (asynchronous replication) can lose a held lock; fencing tokens "
-         "restart after FLUSHALL or a restart without persistence.",
+    "restart after FLUSHALL or a restart without persistence.",
 )
 
 
@@ -82,15 +86,23 @@ class _Shared:
         return lock_keys(self.options.prefix, name)
 
     def flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[Grant | None]:
-        return acquire_flow(self.keys(name), token, ttl, deadline, self.clock, self.spec.label,
-                            self.options.min_replicas, self.options.replica_timeout)
+        return acquire_flow(
+            self.keys(name),
+            token,
+            ttl,
+            deadline,
+            self.clock,
+            self.spec.label,
+            self.options.min_replicas,
+            self.options.replica_timeout,
+        )
 
     def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
-        return [Call(RENEW, (k.lock, k.fence), (r.token, ms(r.ttl)))
-                for r in requests for k in (self.keys(r.name),)]
+        return [Call(RENEW, (k.lock, k.fence), (r.token, ms(r.ttl))) for r in requests for k in (self.keys(r.name),)]
 
-    def renew_results(self, requests: Sequence[RenewRequest], replies: Sequence[Any], sent_at: float
-                      ) -> list[Grant | Exception | None]:
+    def renew_results(
+        self, requests: Sequence[RenewRequest], replies: Sequence[Any], sent_at: float
+    ) -> list[Grant | Exception | None]:
         results: list[Grant | Exception | None] = []
         for request, reply in zip(requests, replies, strict=False):
             try:
@@ -180,12 +192,14 @@ class RedisDriver:
         return self._shared.renew_results(requests, replies, sent_at)
 
     def release(self, name: str, token: str) -> bool:
-        return bool(checked(self._run([self._shared.release_call(name, token)], True)[0],
-                            self._node.spec.label, "release"))
+        return bool(
+            checked(self._run([self._shared.release_call(name, token)], True)[0], self._node.spec.label, "release")
+        )
 
     def force_release(self, name: str) -> bool:
-        return bool(checked(self._run([self._shared.release_call(name, None)], True)[0],
-                            self._node.spec.label, "force_release"))
+        return bool(
+            checked(self._run([self._shared.release_call(name, None)], True)[0], self._node.spec.label, "force_release")
+        )
 
     def holder(self, name: str) -> HolderInfo:
         return self._shared.holder_info(self._run([self._shared.holder_call(name)], True)[0])

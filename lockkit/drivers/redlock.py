@@ -54,9 +54,13 @@ from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 __all__ = ["AsyncRedlockDriver", "RedlockDriver"]
 
 GUARANTEES = Guarantees(
-    scope="majority", fifo=False, fencing="none", survives_failover=True, lifetime="ttl",
+    scope="majority",
+    fifo=False,
+    fencing="none",
+    survives_failover=True,
+    lifetime="ttl",
     note="A majority of independent Redis masters; safe only under bounded clock drift and pauses, "
-         "and it offers no fencing token (fencing_token is always 0).",
+    "and it offers no fencing token (fencing_token is always 0).",
 )
 MAX_TRACKED = 100_000
 
@@ -69,8 +73,9 @@ class _Shared:
         self.need = quorum(len(specs))
         self.epochs: dict[str, tuple[int | None, ...]] = {}
 
-    def flow(self, name: str, token: str, ttl: float, deadline: float | None
-             ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
+    def flow(
+        self, name: str, token: str, ttl: float, deadline: float | None
+    ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
         keys = lock_keys(self.options.prefix, name)
         return redlock_acquire_flow(keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay)
 
@@ -85,8 +90,9 @@ class _Shared:
     def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
         return [Call(RENEW, (lock_keys(self.options.prefix, r.name).lock,), (r.token, ms(r.ttl))) for r in requests]
 
-    def renew_results(self, requests: Sequence[RenewRequest], results: list[NodeResult], sent_at: float
-                      ) -> list[Grant | Exception | None]:
+    def renew_results(
+        self, requests: Sequence[RenewRequest], results: list[NodeResult], sent_at: float
+    ) -> list[Grant | Exception | None]:
         elapsed = self.clock() - sent_at
         out: list[Grant | Exception | None] = []
         for i, request in enumerate(requests):
