@@ -20,6 +20,7 @@ from .timing import Clock
 __all__ = ["Backend"]
 
 D = TypeVar("D", Driver, AsyncDriver)
+EARLY_LOSSES = 1024
 
 
 class Backend(Generic[D]):
@@ -34,6 +35,7 @@ class Backend(Generic[D]):
         self._closed = False
         self._leases: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
         self._mutex = threading.Lock()
+        self._early_losses: dict[str, str] = {}
 
     def attach(self, driver: D) -> None:
         self._driver = driver
@@ -63,6 +65,9 @@ class Backend(Generic[D]):
     def track(self, lease: Lease) -> None:
         with self._mutex:
             self._leases[lease.token] = lease
+            early = self._early_losses.pop(lease.token, None)
+        if early is not None and lease.mark_lost(early):
+            self.stats.count("losses")
 
     def forget(self, lease: Lease) -> None:
         with self._mutex:
@@ -80,7 +85,15 @@ class Backend(Generic[D]):
 
     def lost(self, token: str, reason: str) -> None:
         lease = self._find(token)
-        if lease is not None and lease.mark_lost(reason):
+        if lease is None:
+            # The driver may report a loss between returning a grant and the front end tracking its lease:
+            # keep it (bounded) so that track() applies it.
+            with self._mutex:
+                self._early_losses[token] = reason
+                while len(self._early_losses) > EARLY_LOSSES:
+                    self._early_losses.pop(next(iter(self._early_losses)))
+            return
+        if lease.mark_lost(reason):
             self.stats.count("losses")
 
     def uncertain(self, token: str, reason: str) -> None:

@@ -55,7 +55,13 @@ class ThreadOffloadDriver:
             raise
 
     def _release_if_granted(self, done: concurrent.futures.Future[Grant | None], name: str, token: str) -> None:
-        if done.cancelled() or done.exception() is not None or done.result() is None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            log.debug("lockkit: a cancelled acquire of %r ended with %r", name, error)
+            return
+        if done.result() is None:
             return
         try:
             self.sync.release(name, token)

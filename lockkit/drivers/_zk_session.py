@@ -1,0 +1,319 @@
+"""One ZooKeeper session per driver: the kazoo client, started on first use, and its connection states.
+
+kazoo calls the state listener on its connection thread, which must not block:
+the listener only records the state and queues it for the session's worker
+thread, which applies it to the held locks (:mod:`._zk_leases`), deletes the
+nodes we gave up on once it can, and restarts kazoo if its connection loop died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState, KeeperState
+from kazoo.security import CREATOR_ALL_ACL, OPEN_ACL_UNSAFE
+
+from ..driver import LeaseEvents
+from ..errors import BackendUnavailable
+from ..timing import Clock
+from ._zk_client import barrier, create_parent_async, new_client
+from ._zk_leases import Leases, Orphan
+from ._zk_nodes import Layout, Transient, ZooKeeperOptions, wait, with_prefix
+
+log = logging.getLogger("lockkit")
+
+CLEANUP_TRIES = 3
+
+
+class Session:
+    """The kazoo client of one driver (one session), and the locks it holds (:attr:`leases`)."""
+
+    def __init__(
+        self,
+        hosts: str,
+        options: ZooKeeperOptions,
+        credential: str | None,
+        clock: Clock,
+        events: LeaseEvents,
+        layout: Layout,
+    ) -> None:
+        self.options = options
+        self.layout = layout
+        self.hosts = hosts
+        self.acl = CREATOR_ALL_ACL if credential else OPEN_ACL_UNSAFE
+        self.containers = True
+        self._credential = credential
+        self._clock = clock
+        self._events = events
+        self._start_lock = threading.Lock()
+        self._mutex = threading.Lock()
+        self._kz: KazooClient | None = None
+        self._ready: KazooClient | None = None
+        self.leases = Leases(self, events, clock)
+        self._orphans: list[Orphan] = []  # nodes we gave up on: deleted once connected
+        self._wakers: dict[int, Callable[[], None]] = {}
+        self._ids = itertools.count()
+        self._negotiated: float | None = None
+        self._warned_timeout = False
+        self._connected = threading.Event()
+        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self.closed = False
+
+    # -- the client ---------------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """The negotiated session timeout in seconds (the requested one until the first connect)."""
+        return self._negotiated or self.options.session_timeout
+
+    def client(self) -> KazooClient:
+        ready = self._ready
+        if ready is not None:
+            return ready
+        with self._start_lock:
+            if self.closed:
+                raise BackendUnavailable("this ZooKeeper driver is closed")
+            if self._ready is None:
+                self._ready = self._start()
+            return self._ready
+
+    def _new_client(self) -> KazooClient:
+        kz = new_client(self.hosts, self.options, self._credential, self._set_negotiated)
+        kz.add_listener(functools.partial(self._listener, kz))
+        self._kz = kz
+        return kz
+
+    def _set_negotiated(self, timeout: float) -> None:
+        self._negotiated = timeout
+
+    def _start(self) -> KazooClient:
+        kz = self._new_client()
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._run, name="lockkit-zookeeper", daemon=True)
+            self._worker.start()
+        try:
+            kz.start(timeout=self.options.connect_timeout)
+        except KazooTimeoutError:
+            self._kz = None
+            kz.close()
+            raise BackendUnavailable(
+                f"could not connect to ZooKeeper at {self.hosts} within {self.options.connect_timeout:g} s"
+            ) from None
+        try:
+            wait(kz.ensure_path_async(self.layout.base, self.acl), f"create {self.layout.base}", self.timeout)
+        except BaseException:
+            self._kz = None
+            kz.stop()
+            kz.close()
+            raise
+        return kz
+
+    def session_id(self) -> int | None:
+        """Our session id while connected, else ``None``."""
+        kz = self._kz
+        if kz is None or not self._connected.is_set():
+            return None
+        client_id = kz.client_id
+        return int(client_id[0]) if client_id else None
+
+    def wait_connected(self, deadline: float | None) -> int | None:
+        """The session id once connected; ``None`` if ``deadline`` passes first; raises after connect_timeout."""
+        self.client()
+        limit = self._clock() + self.options.connect_timeout
+        while True:
+            sid = self.session_id()
+            if sid is not None:
+                return sid
+            if self.closed:
+                raise BackendUnavailable("this ZooKeeper driver is closed")
+            now = self._clock()
+            if deadline is not None and now >= deadline:
+                return None
+            if now >= limit:
+                raise Transient(f"no connection to ZooKeeper at {self.hosts} for {self.options.connect_timeout:g} s")
+            self._connected.wait(min(limit, deadline if deadline is not None else limit) - now)
+
+    def call(self, result: Any, what: str, passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+        return wait(result, what, self.timeout, passthrough)
+
+    def barrier(self) -> None:
+        barrier(self.client(), self.timeout)
+
+    def make_parent(self, parent: str) -> None:
+        """Create a lock name's parent: a container node the server deletes once it is empty."""
+        kz = self.client()
+        for _ in range(3):
+            try:
+                result = create_parent_async(kz, parent, self.acl, self.containers)
+                self.call(result, f"create {parent}", (NodeExistsError, NoNodeError, UnimplementedError))
+                return
+            except NodeExistsError:
+                return
+            except UnimplementedError:  # ZooKeeper < 3.5: persistent parents, deleted after use instead
+                self.containers = False
+            except NoNodeError:
+                self.call(kz.ensure_path_async(self.layout.base, self.acl), f"create {self.layout.base}")
+
+    def tidy_parent(self, parent: str) -> None:
+        """Without container support, try to delete a parent after use (refused while it has children)."""
+        if not self.containers and self._ready is not None:
+            self._ready.delete_async(parent)
+
+    # -- contender cleanup --------------------------------------------------------------------
+
+    def abandon(self, parent: str, prefix: str, child: str | None, sid: int | None) -> None:
+        """Delete our contender node (found by its uuid prefix if its name is unknown), with retries.
+
+        If the connection is down, the node is deleted when the same session
+        reconnects; if the session ends instead, the server removes it.
+        """
+        kz = self._ready
+        if sid is None or kz is None:
+            return
+        for attempt in range(CLEANUP_TRIES):
+            if self.session_id() != sid:
+                break
+            try:
+                names = (
+                    [child]
+                    if child
+                    else with_prefix(self.call(kz.get_children_async(parent), f"list {parent}", (NoNodeError,)), prefix)
+                )
+                for name in names:
+                    with contextlib.suppress(NoNodeError):
+                        self.call(kz.delete_async(f"{parent}/{name}"), f"delete {parent}/{name}", (NoNodeError,))
+                self.tidy_parent(parent)
+                return
+            except NoNodeError:
+                return
+            except Transient:
+                time.sleep(0.05 * 2**attempt)
+            except BackendUnavailable:  # e.g. access denied: nothing more to try; the session's end removes it
+                log.warning("lockkit: could not delete our ZooKeeper node under %s", parent, exc_info=True)
+                return
+        with self._mutex:
+            self._orphans.append((parent, prefix, child))
+
+    # -- waking waiters ------------------------------------------------------------------------
+
+    def add_waker(self, wake: Callable[[], None]) -> Callable[[], None]:
+        key = next(self._ids)
+        with self._mutex:
+            self._wakers[key] = wake
+
+        def remove() -> None:
+            with self._mutex:
+                self._wakers.pop(key, None)
+
+        return remove
+
+    def _wake_all(self) -> None:
+        with self._mutex:
+            wakers = list(self._wakers.values())
+        for wake in wakers:
+            wake()
+
+    # -- session states (kazoo calls the listener on its connection thread: it must not block) --
+
+    def _listener(self, kz: KazooClient, state: str) -> None:
+        if kz is not self._kz:
+            return  # a client we replaced (see _revive)
+        sid = None
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+            client_id = self._kz.client_id if self._kz is not None else None
+            sid = int(client_id[0]) if client_id else None
+        else:
+            self._connected.clear()
+        self._queue.put(("state", (state, sid)))
+        self._wake_all()
+
+    def post_lost(self, token: str, reason: str) -> None:
+        """Report a lost lock from the worker thread (never from kazoo's: user callbacks run there)."""
+        self._queue.put(("lost", (token, reason)))
+
+    def _run(self) -> None:
+        while True:
+            deadline = self.leases.suspend_deadline
+            try:
+                item = self._queue.get(timeout=None if deadline is None else max(0.0, deadline - self._clock()))
+            except queue.Empty:
+                self.leases.expire_if_due(self.timeout)
+                continue
+            if item is None:
+                return
+            kind, args = item
+            try:
+                if kind == "state":
+                    self._on_state(*args)
+                else:
+                    self._events.lost(*args)
+            except Exception:  # the worker must survive anything a callback does
+                log.exception("lockkit: handling a ZooKeeper session event failed")
+
+    def _on_state(self, state: str, sid: int | None) -> None:
+        if state == KazooState.SUSPENDED:
+            self.leases.suspended(self.timeout)
+        elif state == KazooState.LOST:
+            orphans = self.leases.session_lost()
+            with self._mutex:
+                self._orphans.extend(orphans)
+            self._revive()
+        elif sid is not None and sid == self.session_id():
+            if not self._warned_timeout and abs(self.timeout - self.options.session_timeout) > 1e-3:
+                self._warned_timeout = True
+                log.warning("lockkit: ZooKeeper granted a session timeout of %g s (requested %g s); locks live as "
+                            "long as the session, so this is their effective ttl", self.timeout,
+                            self.options.session_timeout)
+            self.leases.reconnected(sid)
+            with self._mutex:
+                orphans, self._orphans = self._orphans, []
+            for parent, prefix, child in orphans:
+                self.abandon(parent, prefix, child, sid)
+
+    def _revive(self) -> None:
+        """Restart kazoo's connection loop if it died rather than lost the session.
+
+        kazoo ends its connection thread on an unexpected reply (e.g. "xids do not
+        match" after bytes were lost mid-stream) and reports CLOSED, whereas an
+        expired session leaves it reconnecting with a new one. Without this, the
+        driver would stay disconnected until it is closed.
+        """
+        old = self._kz
+        if old is None or self.closed or old.client_state != KeeperState.CLOSED:
+            return
+        log.warning("lockkit: kazoo's ZooKeeper connection loop stopped; starting a new session")
+        with self._start_lock:
+            if self.closed:
+                return
+            kz = self._new_client()
+            self._ready = kz
+        with contextlib.suppress(Exception):
+            old.stop()  # its loop is dead: this only stops its callback threads
+            old.close()
+        kz.start_async()
+
+    def close(self) -> None:
+        with self._start_lock:
+            self.closed = True
+            kz, self._kz, self._ready = self._kz, None, None
+        if kz is not None:
+            with contextlib.suppress(Exception):
+                kz.stop()
+            with contextlib.suppress(Exception):
+                kz.close()
+        self._queue.put(None)
+        self._connected.set()  # wake anyone waiting for a connection: they see closed
+        self._wake_all()

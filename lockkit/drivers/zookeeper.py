@@ -1,0 +1,398 @@
+"""``zookeeper://[user:password@]host[:port][,host[:port]…][/chroot][?option=value&…]``: consensus locks.
+
+Layout. Every lock name is one *parent* node, and every acquisition one
+*contender* node under it::
+
+    <chroot>/lockkit/<encode_name(name)>/<uuid4 hex>__lock__<sequence>
+
+:func:`lockkit.names.encode_name` percent-encodes the name's UTF-8 bytes into
+``[A-Za-z0-9_~:%-]``, so every name (``/``, ``.``, ``..``, ``zookeeper``,
+unicode, 512 bytes) is one valid path component and no two names share one.
+Parents are *container* nodes (ZooKeeper ≥ 3.5.3): the server deletes them
+once empty, so names never leak nodes (on older servers, persistent parents
+are deleted after use, which the server refuses while they have children).
+Contenders are *ephemeral sequential*: they die with the session that made
+them; their data is the lease token's :func:`~lockkit.lease.token_hint`.
+
+Acquire sends ``create`` and ``get_children`` back to back (ZooKeeper answers
+one session's requests in order, so this costs one round trip). The lowest
+sequence holds the lock; every other contender sets an exists-watch on its
+*predecessor* only, so a release wakes exactly one waiter, in FIFO order. The
+uuid prefix lets a create whose reply was lost find its node after a
+reconnect instead of leaving an orphan (the failure of kazoo#732). A waiter
+that times out or is cancelled (:class:`~lockkit.driver.Cancel`, which the
+thread-offload async face fires) deletes its node before returning, with
+retries, or on reconnect if the connection is down.
+
+Guarantees and deviations:
+
+* One kazoo client, hence one session, per driver, shared by every lock it
+  holds or waits for; closing the driver closes the session and frees them.
+* **The lock lives as long as the session, not for a per-lock ttl.** The
+  requested ttl is not honoured: the effective ttl reported in every grant
+  is the *negotiated* session timeout (``session_timeout`` option, clamped by
+  the server), and a lease's validity counts from the send time of the last
+  request that proved the session alive. Renewal costs no per-lock traffic:
+  a lock's first batch reads its node once and sets an exists-watch on it,
+  after which a batch is one round trip whatever the number of locks;
+  ``renew()`` of a single lock reads the node and checks its
+  ``ephemeralOwner`` and ``czxid``.
+* Release deletes our node with version 0; its path (our uuid plus the
+  sequence the server gave our create) is the ownership check. An uncertain
+  lock's node is read first (``ephemeralOwner`` and ``czxid``).
+* Session states are lease states (see :mod:`._zk_session`): ``SUSPENDED``
+  makes every lock *uncertain* at once and lost after the session timeout;
+  a reconnect restores only locks whose node still exists and is ours;
+  ``LOST`` loses them all.
+* Fencing token: the ``czxid`` of our node, a global transaction id, so it
+  strictly increases across acquisitions, names and recreated parents.
+* Credentials: ``user:password`` in the URL is sent as a ``digest`` auth and
+  every node lockkit creates gets ``CREATOR_ALL`` (only the same credentials
+  may read, join or delete); a wrong or missing credential is a
+  ``BackendUnavailable`` that says so. TLS is not supported yet.
+* kazoo has no asyncio API: the async face is :class:`lockkit.offload.ThreadOffloadDriver`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kazoo.exceptions import BadVersionError, NoNodeError
+
+from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ..errors import ConfigError
+from ..lease import token_hint
+from ..urls import BackendURL, parse_options
+from . import _zk_nodes as nodes
+from ._zk_nodes import HELD, LOST, MARK, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
+from ._zk_session import Session
+
+__all__ = ["ZooKeeperDriver", "ZooKeeperOptions"]
+
+log = logging.getLogger("lockkit")
+
+PARENT_RETRIES = 3
+DELETE_TRIES = 3
+
+
+@dataclass
+class _Contender:
+    """One acquisition's node while it queues."""
+
+    parent: str
+    prefix: str
+    data: bytes
+    child: str | None = None
+    czxid: int = 0
+    session_id: int | None = None
+    pending: bool = False
+    """A create was sent and its reply never seen: the node may exist (found by ``prefix``)."""
+
+
+class ZooKeeperDriver:
+    guarantees: ClassVar[Guarantees] = Guarantees(
+        scope="consensus",
+        fifo=True,
+        fencing="strict",
+        survives_failover=True,
+        lifetime="session",
+        note="A lock lives as long as the client's ZooKeeper session; its ttl is the negotiated session timeout.",
+    )
+
+    def __init__(self, session: Session, ctx: DriverContext, shown: str) -> None:
+        self._session = session
+        self._layout = session.layout
+        self._clock = ctx.clock
+        self._shown = shown
+        self._noted_ttl = False
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> ZooKeeperDriver:
+        options = parse_options(ZooKeeperOptions, url.options, url)
+        hosts, chroot = nodes.hosts_of(url), nodes.chroot_of(url)
+        credential = None
+        if url.username is not None or url.password is not None:
+            if not url.username or not url.password:
+                raise ConfigError(f"ZooKeeper digest credentials need both a user and a password: {url}")
+            credential = f"{url.username}:{url.password}"
+        session = Session(hosts, options, credential, ctx.clock, ctx.events, Layout(chroot))
+        return cls(session, ctx, str(url))
+
+    def __repr__(self) -> str:
+        return f"ZooKeeperDriver({self._shown!r})"
+
+    # -- acquire -------------------------------------------------------------------------------
+
+    def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        s = self._session
+        c = _Contender(self._layout.parent(name), nodes.new_prefix(), token_hint(token).encode())
+        wake = threading.Event()
+        unhook = s.add_waker(wake.set)
+        uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
+        granted = False
+        try:
+            if deadline is not None and self._clock() >= deadline and self._busy(c.parent):
+                return None  # one attempt and the lock is taken: no need to queue a node
+            while True:
+                wake.clear()  # before the check: a cancel from now on sets it again, so no wait can miss it
+                if cancel is not None and cancel.cancelled:
+                    return None
+                try:
+                    sid = s.wait_connected(deadline)
+                    if sid is None:
+                        return None
+                    sent_at = self._clock()
+                    order = nodes.contenders(self._enqueue(c, sid))
+                    if c.child not in order:
+                        c.child = None  # our node was deleted (administrator, recreated parent): queue again
+                        continue
+                    place = order.index(c.child)
+                    if place == 0:
+                        s.leases.hold(token, c.parent, c.child, c.czxid, sid)
+                        granted = True
+                        self._note_ttl(ttl)
+                        return Grant(c.czxid, s.timeout, sent_at)
+                    predecessor = f"{c.parent}/{order[place - 1]}"
+                    watched = s.client().exists_async(predecessor, watch=lambda _event: wake.set())
+                    if s.call(watched, f"watch {predecessor}") is None:
+                        continue  # it left between our two reads
+                except Transient:
+                    if s.closed:
+                        raise
+                    wake.wait(0.05)  # wait_connected above bounds an outage by connect_timeout
+                    continue
+                left = None if deadline is None else deadline - self._clock()
+                if left is not None and left <= 0:
+                    return None
+                wake.wait(left)
+        finally:
+            unhook()
+            if uncancel is not None:
+                uncancel()
+            if not granted and (c.child is not None or c.pending):
+                s.abandon(c.parent, c.prefix, None if c.pending else c.child, c.session_id)
+
+    def _enqueue(self, c: _Contender, sid: int) -> list[str]:
+        """Make sure our node exists in this session; return the parent's children (read after it)."""
+        s = self._session
+        kz = s.client()
+        if c.session_id == sid and c.child is not None:
+            try:
+                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,)))
+            except NoNodeError:
+                return []  # the parent was deleted with our node in it: queue again
+        if c.session_id == sid and c.pending:
+            try:
+                children = list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,)))
+            except NoNodeError:
+                children = []  # no parent, so the create did not go through
+            for child in nodes.with_prefix(children, c.prefix):  # the create went through; its reply was lost
+                stat = s.call(kz.exists_async(f"{c.parent}/{child}"), f"read {c.parent}/{child}")
+                if stat is not None and stat.ephemeralOwner == sid:
+                    c.child, c.czxid, c.pending = child, stat.czxid, False
+                    return children
+            c.pending = False
+        if c.session_id not in (None, sid) and (c.child is not None or c.pending):
+            s.abandon(c.parent, c.prefix, None, sid)  # a node of a session we no longer have (kazoo#732)
+        for _ in range(PARENT_RETRIES):
+            c.session_id, c.pending, c.child = sid, True, None
+            created = kz.create_async(
+                f"{c.parent}/{c.prefix}{MARK}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
+            )
+            listed = kz.get_children_async(c.parent)  # pipelined: the server answers it after the create
+            try:
+                path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,))
+            except NoNodeError:
+                c.pending = False  # nothing was created: the parent is missing
+                s.make_parent(c.parent)
+                continue
+            c.child, c.czxid, c.pending = path.rpartition("/")[2], stat.czxid, False
+            try:
+                return list(s.call(listed, f"list {c.parent}", (NoNodeError,)))
+            except NoNodeError:
+                return []  # the parent was deleted with our node in it: queue again
+        raise Transient(f"the parent node {c.parent} keeps disappearing")
+
+    def _busy(self, parent: str) -> bool:
+        s = self._session
+        s.wait_connected(None)
+        try:
+            children = s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,))
+            return bool(nodes.contenders(children))
+        except NoNodeError:
+            return False
+
+    def _note_ttl(self, ttl: float) -> None:
+        if not self._noted_ttl and abs(ttl - self._session.timeout) > 1e-3:
+            self._noted_ttl = True
+            log.info(
+                "lockkit: ZooKeeper locks live as long as the session: requested ttl %g s, effective ttl "
+                "(the negotiated session timeout) %g s",
+                ttl,
+                self._session.timeout,
+            )
+
+    # -- renew ---------------------------------------------------------------------------------
+
+    def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        """Read our node: it must exist, with our session as ``ephemeralOwner`` and its original czxid."""
+        s = self._session
+        entry = s.leases.get(token)
+        if entry is None or entry.state == LOST:
+            if entry is not None:
+                s.leases.drop(entry)
+            return None
+        sent_at = self._clock()
+        sid = s.session_id()
+        if sid is None or entry.state == UNCERTAIN:
+            raise Transient("the ZooKeeper session is suspended; the lock is uncertain until it reconnects")
+        stat = s.call(s.client().exists_async(entry.path), f"read {entry.path}")
+        if stat is None or stat.ephemeralOwner != sid or stat.czxid != entry.czxid:
+            s.leases.drop(entry)
+            return None
+        return Grant(entry.czxid, s.timeout, sent_at)
+
+    def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        """One round trip for the batch: the session is alive, and no held node's watch has fired.
+
+        A lock's first batch reads its node (owner and czxid checked) and sets our
+        exists-watch on it; from then on the watch reports a deletion, so later
+        batches send one request whatever the number of locks.
+        """
+        if not requests:
+            return []
+        s = self._session
+        sent_at = self._clock()
+        sid = s.session_id()
+        if sid is None:
+            raise Transient("the ZooKeeper session is suspended; renewal retries until the lease deadline")
+        entries = [s.leases.get(request.token) for request in requests]
+        first = [(e, s.leases.watch(e)) for e in entries if e is not None and e.state == HELD and not e.armed]
+        s.call(s.client().exists_async(self._layout.base), "reach ZooKeeper")
+        for fresh, result in first:
+            stat = s.call(result, f"read {fresh.path}")
+            if stat is not None and stat.ephemeralOwner == sid and stat.czxid == fresh.czxid:
+                fresh.armed = True
+            else:
+                fresh.state = LOST  # gone or not ours: reported by returning None below
+        s.barrier()
+        if s.session_id() != sid:
+            raise Transient("the ZooKeeper connection changed during renewal")
+        results: list[Grant | Exception | None] = []
+        for entry in entries:
+            if entry is None or entry.state == LOST or entry.session_id != sid:
+                if entry is not None:
+                    s.leases.drop(entry)
+                results.append(None)
+            elif entry.state == UNCERTAIN or not entry.armed:
+                results.append(Transient("the lock is uncertain until the session's reconnect is verified"))
+            else:
+                results.append(Grant(entry.czxid, s.timeout, sent_at))
+        return results
+
+    # -- release -------------------------------------------------------------------------------
+
+    def release(self, name: str, token: str) -> bool:
+        s = self._session
+        entry = s.leases.take(token)
+        if entry is None:
+            return False
+        if entry.state == LOST:
+            s.leases.drop(entry)
+            return False
+        sid = s.session_id()
+        if sid != entry.session_id:
+            if sid is None:
+                s.abandon(entry.parent, entry.prefix, entry.child, entry.session_id)
+                raise Transient(
+                    "could not release: ZooKeeper is unreachable. The lock node is deleted when the session "
+                    "reconnects, or by the server when the session expires"
+                )
+            return False  # a new session: the old one's nodes are gone
+        # Held: the path itself is the ownership check. It is this acquisition's uuid plus a sequence the server
+        # assigned to our session's create, so no client's sequential create can ever reproduce it, and
+        # version 0 means nobody wrote to it. Uncertain (reconnecting): read it first, ephemeralOwner must be
+        # our session and czxid the one we were granted.
+        version = 0 if entry.state == HELD else None
+        released = self._delete_owned(entry, sid, version)
+        s.tidy_parent(entry.parent)
+        return released
+
+    def _delete_owned(self, entry: Held, sid: int, version: int | None) -> bool:
+        s = self._session
+        kz = s.client()
+        for attempt in range(DELETE_TRIES):
+            try:
+                if version is None:
+                    stat = s.call(kz.exists_async(entry.path), f"read {entry.path}")
+                    if stat is None or stat.ephemeralOwner != sid or stat.czxid != entry.czxid:
+                        return False
+                    version = stat.version
+                s.call(kz.delete_async(entry.path, version), f"delete {entry.path}", (NoNodeError, BadVersionError))
+                return True
+            except NoNodeError:
+                return attempt > 0  # after a lost reply, gone means our first delete went through
+            except BadVersionError:
+                version = None  # someone wrote into our node: check it is still ours, then delete that version
+            except Transient:
+                if attempt == DELETE_TRIES - 1 or s.session_id() != sid:
+                    s.abandon(entry.parent, entry.prefix, entry.child, sid)
+                    raise
+        return False
+
+    # -- administration ------------------------------------------------------------------------
+
+    def _lowest(self, name: str) -> tuple[str, list[str]] | None:
+        s = self._session
+        parent = self._layout.parent(name)
+        s.wait_connected(None)
+        try:
+            order = nodes.contenders(s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,)))
+        except NoNodeError:
+            return None
+        return (f"{parent}/{order[0]}", order) if order else None
+
+    def holder(self, name: str) -> HolderInfo:
+        s = self._session
+        for _ in range(DELETE_TRIES):
+            found = self._lowest(name)
+            if found is None:
+                return HolderInfo(False, waiters=0)
+            path, order = found
+            try:
+                data, stat = s.call(s.client().get_async(path), f"read {path}", (NoNodeError,))
+            except NoNodeError:
+                continue  # released between our two reads
+            hint = bytes(data).decode("ascii", "replace") or None
+            return HolderInfo(True, hint, stat.czxid, None, len(order) - 1)
+        return HolderInfo(False)
+
+    def force_release(self, name: str) -> bool:
+        s = self._session
+        found = self._lowest(name)
+        if found is None:
+            return False
+        try:
+            s.call(s.client().delete_async(found[0]), f"delete {found[0]}", (NoNodeError,))
+        except NoNodeError:
+            return False
+        return True
+
+    def ping(self) -> None:
+        s = self._session
+        s.wait_connected(None)  # raises after connect_timeout
+        s.call(s.client().exists_async(self._layout.base), "reach ZooKeeper")
+
+    def close(self) -> None:
+        self._session.close()
+
+    @property
+    def session_timeout(self) -> float:
+        """The negotiated session timeout in seconds (the requested one until the first connect)."""
+        return self._session.timeout
