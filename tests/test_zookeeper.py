@@ -1,4 +1,5 @@
-"""zookeeper:// driver: URL and layout rules, and server scenarios Z-4 (herd), Z-5, Z-6 (ACL), C-8 (cancel storm).
+"""zookeeper:// driver: URL and layout rules, server scenarios Z-4 (herd), Z-5, Z-6 (ACL), C-8 (cancel storm),
+and a migration from file:// to zookeeper:// (presence records: tests/test_zookeeper_presence.py).
 
 The fault scenarios that kill, pause or cut things are in test_zookeeper_faults.py.
 """
@@ -11,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -368,3 +370,44 @@ def test_c8_timeouts_storm_sync_leaves_no_node(
             raw.get_children(parent_of(chroot, "storm"))) == 1, "a timed-out acquire leaked its node"
         holder.release()
         assert other.lock("storm", ttl=5).try_acquire() is not None
+
+
+# -- migrate: file:// -> zookeeper:// (the ZooKeeper driver's presence records guard the fleet) -----------------
+
+
+def test_migrate_from_file_to_zookeeper(
+    zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient, tmp_path: Path
+) -> None:
+    old_url, new_url = (tmp_path / "old").as_uri(), f"{zookeeper_server.url}{chroot}?session_timeout=2"
+
+    def config(phase: str) -> Path:
+        path = tmp_path / f"lockkit-{phase}.toml"
+        path.write_text(
+            f'default = "main"\n[backends.old]\nurl = "{old_url}"\n[backends.new]\nurl = "{new_url}"\n'
+            f'[backends.main]\nmigrate = {{ from = "old", to = "new", phase = "{phase}", presence_ttl = 3 }}\n'
+        )
+        return path
+
+    fleet = f"{chroot}/lockkit-presence/{encode_name('lockkit-migrate:main')}"
+    with lockkit.from_config(config("both")) as both:
+        with both.lock("mz", ttl=5) as lease:
+            assert both.holder("mz", backend="old").held and both.holder("mz", backend="new").held
+            assert len(kids(raw, parent_of(chroot, "mz"))) == 1 and lease.valid
+            assert both.lock("mz").try_acquire() is None
+        assert not both.holder("mz", backend="old").held and not both.holder("mz", backend="new").held
+    assert kids(raw, fleet) == [], "a closed client left its presence record in ZooKeeper"
+    old = lockkit.from_config(config("old"))
+    try:
+        assert old.lock("mz:guard").try_acquire() is not None  # announces phase 'old' in both backends
+        (member,) = kids(raw, fleet)
+        assert raw.get(f"{fleet}/{member}")[1].ephemeralOwner != 0  # ephemeral: it lives with old's session
+        refused = pytest.raises(ConfigError, match=r"1 client\(s\) in phase 'old' are alive")
+        with lockkit.from_config(config("new")) as new, refused:
+            new.lock("mz:guard").try_acquire()
+    finally:
+        old.close()  # withdraws its records
+    with lockkit.from_config(config("new")) as new:
+        with new.lock("mz:guard", ttl=5) as lease:
+            assert lease.fencing_token >= 1 << 48  # phase 'new': the epoch switched, ZooKeeper's czxid inside
+        epoch = f"{chroot}/lockkit-presence/{encode_name('lockkit-migrate:main:epoch')}/epoch"
+        assert raw.get(epoch)[1].ephemeralOwner == 0  # the epoch record is permanent

@@ -152,8 +152,9 @@ class Session:
         barrier(self.client(), self.timeout)
 
     def make_parent(self, parent: str) -> None:
-        """Create a lock name's parent: a container node the server deletes once it is empty."""
+        """Create a lock name's (or presence group's) parent: a container node the server deletes once empty."""
         kz = self.client()
+        base = parent.rpartition("/")[0]  # <chroot>/lockkit, or <chroot>/lockkit-presence
         for _ in range(3):
             try:
                 result = create_parent_async(kz, parent, self.acl, self.containers)
@@ -164,7 +165,7 @@ class Session:
             except UnimplementedError:  # ZooKeeper < 3.5: persistent parents, deleted after use instead
                 self.containers = False
             except NoNodeError:
-                self.call(kz.ensure_path_async(self.layout.base, self.acl), f"create {self.layout.base}")
+                self.call(kz.ensure_path_async(base, self.acl), f"create {base}")
 
     def tidy_parent(self, parent: str) -> None:
         """Without container support, try to delete a parent after use (refused while it has children)."""

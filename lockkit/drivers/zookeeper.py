@@ -51,6 +51,7 @@ Guarantees and deviations:
   may read, join or delete); a wrong or missing credential is a
   ``BackendUnavailable`` that says so. TLS is not supported yet.
 * kazoo has no asyncio API: the async face is :class:`lockkit.offload.ThreadOffloadDriver`.
+* Presence records (``migrate``) live as long as the session, not for their ttl: see :mod:`._zk_presence`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from ..lease import token_hint
 from ..urls import BackendURL, parse_options
 from . import _zk_nodes as nodes
 from ._zk_nodes import HELD, LOST, MARK, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
+from ._zk_presence import ZooKeeperPresence
 from ._zk_session import Session
 
 __all__ = ["ZooKeeperDriver", "ZooKeeperOptions"]
@@ -93,7 +95,7 @@ class _Contender:
     """A create was sent and its reply never seen: the node may exist (found by ``prefix``)."""
 
 
-class ZooKeeperDriver:
+class ZooKeeperDriver(ZooKeeperPresence):
     guarantees: ClassVar[Guarantees] = Guarantees(
         scope="consensus",
         fifo=True,
