@@ -27,6 +27,7 @@ QUICK = {
     "zookeeper": ["--rounds", "300", "--many", "1000", "--hold", "4"],
     "etcd": ["--rounds", "300", "--many", "1000", "--hold", "4"],
 }
+COMPARE_QUICK = ["--quick"]
 
 
 def _version(cmd: list[str]) -> str:
@@ -65,6 +66,19 @@ def main() -> int:
             print(done.stderr, file=sys.stderr)
         shown = " ".join(["python", f"benchmarks/bench_{name}.py", *cmd[2:]])
         sections.append(f"### {name}\n\n`{shown}`\n\n```\n{done.stdout.strip()}\n```")
+    if not args.only:
+        cmd = [
+            sys.executable,
+            str(ROOT / "benchmarks" / "compare_libraries.py"),
+            *(COMPARE_QUICK if args.quick else []),
+        ]
+        print(f"== libraries: {' '.join(cmd[1:])}", flush=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        print(done.stdout, end="")
+        shown = " ".join(["python", "benchmarks/compare_libraries.py", *cmd[2:]])
+        sections.append(
+            f"### lockkit next to the libraries users would otherwise pick\n\n`{shown}`\n\n{done.stdout.strip()}"
+        )
     if not args.no_write and not args.only:
         text = DOC.read_text()
         head, _, rest = text.partition(BEGIN)
