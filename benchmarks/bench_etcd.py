@@ -14,7 +14,8 @@ free loopback port (default server flags: 2 s minimum lease TTL).
   seconds; handoffs per second, whether grants followed queue order, the
   worst wait.
 * **scale**: 10,000 locks held on one session lease for 10 s; every lock must
-  still be held, and renewal must cost one keepalive per period (counted).
+  still be held, and renewal must cost one keepalive per period (counted),
+  plus one read of the lease's attached keys (not a transaction per 128 locks).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lockkit
 from lockkit.drivers._etcd_client import EtcdClient, cmp_created, delete_op, rpc
+from lockkit.drivers.etcd import EtcdDriver
 
 
 def latency(url: str, host: str, port: int, rounds: int, block: int = 20) -> tuple[list[float], list[float]]:
@@ -98,10 +101,11 @@ def contention(url: str, seconds: float) -> dict[str, float]:
 
 def many(url: str, count: int, hold: float) -> dict[str, float]:
     with lockkit.connect(url) as locks:
-        driver = locks._backends["default"].driver  # type: ignore[attr-defined]
-        client = driver._client
-        calls = {"keepalive": 0, "txn": 0}
-        keepalive, txn = client.keepalive, client.txn
+        driver = locks._backends["default"].driver
+        assert isinstance(driver, EtcdDriver)
+        client: Any = driver._client
+        calls = {"keepalive": 0, "txn": 0, "lease_keys": 0}
+        keepalive, txn, lease_keys = client.keepalive, client.txn, client.lease_keys
 
         def counted_keepalive(*args: object, **kwargs: object) -> int:
             calls["keepalive"] += 1
@@ -111,14 +115,18 @@ def many(url: str, count: int, hold: float) -> dict[str, float]:
             calls["txn"] += 1
             return txn(*args, **kwargs)
 
+        def counted_lease_keys(*args: object, **kwargs: object) -> object:
+            calls["lease_keys"] += 1
+            return lease_keys(*args, **kwargs)
+
         base = f"bench-m-{uuid.uuid4().hex[:8]}"
         held = [locks.lock(f"{base}-{i}", ttl=3) for i in range(count)]
         started = time.monotonic()
         leases = [lock.acquire() for lock in held]
         acquired_in = time.monotonic() - started
-        client.keepalive, client.txn = counted_keepalive, counted_txn
+        client.keepalive, client.txn, client.lease_keys = counted_keepalive, counted_txn, counted_lease_keys
         time.sleep(hold)
-        client.keepalive, client.txn = keepalive, txn
+        client.keepalive, client.txn, client.lease_keys = keepalive, txn, lease_keys
         still = sum(lease.valid for lease in leases)
         sessions = {driver._held[lease.token].session.lease_id for lease in leases}
         period = leases[0].ttl / 3
@@ -126,7 +134,7 @@ def many(url: str, count: int, hold: float) -> dict[str, float]:
             lock.release()
     return {"locks": count, "acquire_all_s": acquired_in, "still_held": still, "session_leases": len(sessions),
             "keepalives": calls["keepalive"], "renewal_periods": hold / period,
-            "check_txns": calls["txn"]}
+            "check_txns": calls["txn"], "lease_key_reads": calls["lease_keys"]}
 
 
 def main() -> None:

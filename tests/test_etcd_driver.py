@@ -23,15 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_prefix_names_never_share_a_range() -> None:
     a_start, a_end = name_range("/lockkit/", "a")
-    ab_key = lock_key("/lockkit/", "a/b", 1, "t" * 32)
+    ab_key = lock_key("/lockkit/", "a/b", 1, 0)
     assert not a_start <= ab_key < a_end
-    assert a_start <= lock_key("/lockkit/", "a", 0xFFFFFFFFFFFFFFFF, "t" * 32) < a_end
+    assert a_start <= lock_key("/lockkit/", "a", 0xFFFFFFFFFFFFFFFF, 12345) < a_end
 
 
 def test_key_layout_is_stable() -> None:
-    key = lock_key("/lk/", "a b/é", 0x1F, "0" * 32)
-    assert key.startswith(b"/lk/a%20b%2F%C3%A9/000000000000001f-")
-    assert len(key.rsplit(b"-", 1)[1]) == 16
+    assert lock_key("/lk/", "a b/é", 0x1F, 0) == b"/lk/a%20b%2F%C3%A9/000000000000001f-0"
+    assert lock_key("/lk/", "a", -1, 12) == b"/lk/a/ffffffffffffffff-12"
 
 
 def test_prefix_end() -> None:
@@ -142,8 +141,14 @@ def test_auth_role_limited_to_prefix(fresh_etcd) -> None:  # type: ignore[no-unt
         lease = lock.acquire(timeout=5)
         assert other.lock("rbac", ttl=2).try_acquire() is None
         assert lock.renew() is lease
+        driver = locks._backends["default"].driver  # type: ignore[attr-defined]
+        keys = driver._client.lease_keys(driver._held[lease.token].session.lease_id)  # the >128-lock renew check
+        assert keys is not None and len(keys) == 1
         lock.release()
         assert other.lock("rbac", ttl=2).acquire(timeout=5).valid
+        driver.announce("fleet", "me", "v", 5.0)  # presence records live under the prefix too
+        assert driver.members("fleet") == {"me": "v"}
+        driver.withdraw("fleet", "me")
     with lockkit.connect(f"etcd://nope:s3cr3t-XYZ@{host}") as denied:
         with pytest.raises(BackendUnavailable, match="denied") as info:
             denied.lock("rbac", ttl=2).acquire(timeout=5)
@@ -194,3 +199,34 @@ def test_tls_with_client_certificates(fresh_etcd, pki: Path) -> None:  # type: i
         wrong_ca.lock("tls", ttl=2).acquire(timeout=2)
     with lockkit.connect(base) as no_client_cert, pytest.raises(BackendUnavailable):
         no_client_cert.lock("tls", ttl=2).acquire(timeout=2)
+
+
+# -- renewal cost ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", [100, 300])  # one check transaction up to 128 locks, one lease read beyond
+def test_renew_many_is_one_keepalive_and_one_check(etcd_server: EtcdServer, count: int) -> None:
+    from lockkit.driver import DriverContext, Grant, RenewRequest
+    from lockkit.drivers.etcd import EtcdDriver
+    from lockkit.urls import parse_url
+
+    driver = EtcdDriver.from_url(parse_url(etcd_server.url), DriverContext())
+    base = f"rm-{uuid.uuid4().hex[:8]}"
+    try:
+        requests = [RenewRequest(f"{base}-{i}", uuid.uuid4().hex, 5.0) for i in range(count)]
+        for r in requests:
+            assert driver.acquire(r.name, r.token, r.ttl, None) is not None
+        assert driver.force_release(requests[7].name)  # an operator breaks one lock
+        calls: list[str] = []
+        failover = driver._client.failover
+
+        def counted(service: str, invoke: object) -> object:
+            calls.append(service)
+            return failover(service, invoke)  # type: ignore[arg-type]
+
+        driver._client.failover = counted  # type: ignore[method-assign]
+        results = driver.renew_many(requests)
+        assert len(calls) <= 2, calls  # a keepalive (unless one was just sent) and one check
+        assert results[7] is None
+        assert all(isinstance(r, Grant) for i, r in enumerate(results) if i != 7)
+    finally:
+        driver.close()

@@ -253,6 +253,31 @@ def test_one_session_lease_shared_by_all_locks(etcd_server: EtcdServer) -> None:
             lock.release()
 
 
+def test_key_names_are_reused_and_simultaneous_handles_contend(etcd_server: EtcdServer) -> None:
+    name = _name()
+    with lockkit.connect(etcd_server.url) as locks:
+        first, second = locks.lock(name, ttl=5), locks.lock(name, ttl=5)
+        first.acquire(timeout=5)
+        assert second.try_acquire() is None  # two handles of one client are strangers
+        with pytest.raises(lockkit.LockTimeout):
+            second.acquire(timeout=0.05)  # queued in slot 1, then gave up
+        got: list[lockkit.Lease] = []
+        waiter = threading.Thread(target=lambda: got.append(second.acquire(timeout=10)))
+        waiter.start()
+        while len(lock_keys(etcd_server, name)) < 2:
+            time.sleep(0.01)
+        keys = lock_keys(etcd_server, name)
+        assert [k.rsplit("-", 1)[1] for k in keys] == ["0", "1"], keys
+        first.release()
+        waiter.join(10)
+        assert got and got[0].valid
+        second.release()
+        for _ in range(5):  # one after another: the same key name every time (etcd's index stays small)
+            with first:
+                assert lock_keys(etcd_server, name) == [keys[0]]
+    assert lock_keys(etcd_server, name) == []
+
+
 async def test_c8_cancellation_storm(etcd_server: EtcdServer) -> None:
     name = _name()
     leases_before = lease_count(etcd_server)
@@ -418,3 +443,131 @@ def test_c11_server_restart(fresh_etcd, holder_process: list[subprocess.Popen[st
         assert second.fencing_token > token
         # a new leader also extends every lease by its election timeout (1 s by default) when it takes office
         assert waited <= ttl + restart_took + 1.0 + LESSOR_TICK + SLACK
+
+
+def test_keepalive_fails_over_to_the_next_member(etcd_server: EtcdServer, fault_proxy) -> None:  # type: ignore[no-untyped-def]
+    # two "members": a proxy (current at first) and the server itself; the proxy then refuses every connection
+    proxy = fault_proxy(etcd_server)
+    lost = threading.Event()
+    with lockkit.connect(f"etcd://127.0.0.1:{proxy.port},127.0.0.1:{etcd_server.port}?timeout=1") as locks:
+        lock = locks.lock(_name(), ttl=2, on_lost=lambda _: lost.set())
+        lease = lock.acquire(timeout=5)
+        proxy.set_mode("reset")  # the member in use is gone: every RPC to it fails with UNAVAILABLE
+        assert not lost.wait(2 * lease.ttl + LESSOR_TICK), "renewal did not fail over to the next member"
+        assert lease.valid
+        lock.release()
+
+
+C4_FENCED_HOLDER = textwrap.dedent("""
+    import sys, threading, time, lockkit
+    from pathlib import Path
+    from lockkit.fencing_store import FencedStore
+    url, name, store_path, plain = sys.argv[1:5]
+    store = FencedStore(store_path)
+    locks = lockkit.connect(url)
+    lost_at = []
+    lease = locks.lock(name, ttl=1, on_lost=lambda _: lost_at.append(time.monotonic())).acquire(timeout=30)
+    client = locks._backends["default"].driver._client
+    main, rpcs = threading.get_ident(), [0]
+    failover = client.failover
+    def counted(*args, **kwargs):
+        if threading.get_ident() == main:
+            rpcs[0] += 1
+        return failover(*args, **kwargs)
+    client.failover = counted
+    fenced = store.read(lease.fencing_token, lease.token)  # registers our token: older ones may not write
+    unfenced = int(Path(plain).read_text())
+    print("held", lease.fencing_token, lease.ttl, time.monotonic(), flush=True)
+    sys.stdin.readline()  # SIGSTOPped here ("GC pause"); the test writes a line after SIGCONT
+    before = rpcs[0]
+    valid = lease.valid
+    try:
+        lease.ensure_valid()
+        raised = False
+    except lockkit.LockLost:
+        raised = True
+    checked_rpcs = rpcs[0] - before
+    written = store.write(fenced + 1, lease.fencing_token, lease.token)  # C-4a: what we computed before
+    Path(plain).write_text(str(unfenced + 1))  # C-4b: the same update on a resource that checks nothing
+    stale_at = time.monotonic()
+    time.sleep(lease.ttl / 3 + 0.5)  # give on_lost its renewal period
+    print(valid, raised, checked_rpcs, written, stale_at, lost_at[0] if lost_at else -1, flush=True)
+""")
+
+
+def test_c4a_c4b_paused_holder_fencing_store(
+    etcd_server: EtcdServer, holder_process: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    from lockkit.fencing_store import FencedStore
+
+    name, store_path, plain = _name(), tmp_path / "store.db", tmp_path / "counter"
+    plain.write_text("0")
+    store = FencedStore(store_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", C4_FENCED_HOLDER, etcd_server.url, name, str(store_path),
+                             str(plain)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    holder_process.append(proc)
+    assert proc.stdout is not None and proc.stdin is not None
+    held, old_token, ttl, old_entered = proc.stdout.readline().split()
+    assert held == "held"
+    os.kill(proc.pid, signal.SIGSTOP)  # the holder and its renewal thread freeze past the lease's TTL
+    try:
+        with lockkit.connect(etcd_server.url) as other:
+            lease = other.lock(name, ttl=5).acquire(timeout=15)
+            new_entered = time.monotonic()
+            assert lease.fencing_token > int(old_token)
+            value = store.read(lease.fencing_token, lease.token)
+            assert value is not None and store.write(value + 1, lease.fencing_token, lease.token)
+            plain.write_text(str(int(plain.read_text()) + 1))
+            resumed = time.monotonic()
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            valid, raised, rpcs, written, stale_at, lost_at = proc.stdout.readline().split()
+            new_left = time.monotonic()
+            assert lease.valid  # the new holder held throughout
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    print(f"C-4: on_lost {float(lost_at) - resumed:.3f} s after SIGCONT (ttl/3 = {float(ttl) / 3:.3f})")
+    # C-4a: the resumed holder knows at once, without I/O, and the fencing store rejects its write
+    assert (valid, raised, rpcs) == ("False", "True", "0")
+    assert written == "False", "C-4a: the fencing store accepted the paused holder's write"
+    report = store.report()
+    assert report.value == 1 and report.backwards == 0 and report.shared_tokens == 0, report
+    assert 0 <= float(lost_at) - resumed <= float(ttl) / 3 + SLACK
+    # C-4b (canary): without fencing the stale write lands inside the new holder's critical section, and
+    # the checker sees both the overlap and the lost update
+    assert float(old_entered) < new_left and new_entered < float(stale_at) < new_left, "the overlap went unseen"
+    assert plain.read_text() == "1", "canary: the unfenced resource should have lost an update"
+
+
+def test_c6_slow_renew_replies(fresh_etcd, fault_proxy) -> None:  # type: ignore[no-untyped-def]
+    server = fresh_etcd(heartbeat_interval_ms=10, election_timeout_ms=100)  # 1 s leases: renewals every 1/3 s
+    proxy = fault_proxy(server)
+    lost_at: list[float] = []
+    with lockkit.connect(f"etcd://127.0.0.1:{proxy.port}?timeout=2") as locks:
+        lease = locks.lock(_name(), ttl=1, on_lost=lambda _: lost_at.append(time.monotonic())).acquire(timeout=5)
+        assert lease.ttl == 1.0
+        # replies 0.1 x TTL late: renewals still land in time, no spurious loss
+        proxy.delay(0.1 * lease.ttl, direction="down")
+        seen, until = {lease.expires_at}, time.monotonic() + 12 * lease.ttl / 3
+        while time.monotonic() < until:
+            assert lease.valid, "spurious loss with replies 0.1 x TTL late"
+            seen.add(lease.expires_at)
+            time.sleep(0.01)
+        print(f"C-6: {len(seen) - 1} renewals with replies 0.1 x TTL late")
+        assert len(seen) - 1 >= 6 and not lost_at
+        # replies 0.6 x TTL late: a keepalive waits at most TTL/2, so no renewal can land after the deadline
+        proxy.delay(0.6 * lease.ttl, direction="down")
+        slow = time.monotonic()
+        while not lost_at and time.monotonic() < slow + 3 * lease.ttl:
+            assert lease.valid == (time.monotonic() < lease.expires_at) or not lease.valid
+            time.sleep(0.005)
+        assert lost_at, "no loss reported with replies 0.6 x TTL late"
+        print(f"C-6: lost {lost_at[0] - lease.expires_at:+.3f} s after the local deadline")
+        assert lost_at[0] <= lease.expires_at + 0.1 + SLACK
+        assert not lease.valid
+        time.sleep(lease.ttl)  # late replies still arriving must not revive it
+        assert not lease.valid
+        with pytest.raises(LockLost):
+            lease.ensure_valid()

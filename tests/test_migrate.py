@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,30 @@ from lockkit.testing._workers import increment_under_lock
 Pair = tuple[str, str]
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Pair:
-    return (tmp_path / "old").as_uri(), (tmp_path / "new").as_uri()
+def _redis_has_presence() -> bool:
+    try:
+        from lockkit.drivers.redis import RedisDriver
+    except Exception:  # the redis extra is not installed
+        return False
+    return hasattr(RedisDriver, "announce")
+
+
+@pytest.fixture(
+    params=[
+        "file",
+        pytest.param(
+            "redis-etcd",
+            marks=pytest.mark.skipif(not _redis_has_presence(), reason="RedisDriver keeps no presence records yet"),
+        ),
+    ]
+)
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Pair:
+    if request.param == "file":
+        return (tmp_path / "old").as_uri(), (tmp_path / "new").as_uri()
+    # the servers are shared by the whole session: a fresh key prefix per test keeps presence and epoch apart
+    prefix = f"m{uuid.uuid4().hex[:8]}"
+    redis, etcd = request.getfixturevalue("redis_server"), request.getfixturevalue("etcd_server")
+    return f"{redis.url}?prefix={prefix}:", f"{etcd.url}?prefix=/{prefix}/"
 
 
 def _toml(pair: Pair, phase: str, ttl: float = 3.0) -> str:

@@ -151,7 +151,7 @@ class EtcdClient:
                     f"etcd at {self.shown} rejected user {self._user!r}: wrong user name or password "
                     "(fix the credentials in the URL)"
                 ) from None
-            raise self.translate(exc, "authenticate") from exc
+            raise  # the caller fails over (UNAVAILABLE) or translates it
         with self._mutex:
             self._token = token
         return token
@@ -167,30 +167,37 @@ class EtcdClient:
         name = getattr(code, "name", str(code))
         return BackendUnavailable(f"etcd at {self.shown}: {what} failed ({name}: {detail})")
 
-    def call(self, service: str, method: str, request: Any, timeout: float | None = None) -> Any:
-        """One unary RPC; on UNAVAILABLE try the next member; re-authenticate once on a stale token."""
+    def failover(self, service: str, invoke: Callable[[Any, Any], T]) -> T:
+        """``invoke(stub, metadata)`` on the current member; on UNAVAILABLE try the next (each once).
+
+        The member that answered becomes the current one for every later call. A stale auth token is
+        renewed once. Raises the last ``grpc.RpcError``.
+        """
         attempts = len(self._targets)
         reauthed = False
-        last: Any = None
         index = self._current
-        while attempts > 0:
-            stub = self.stub(index, service)
+        while True:
             try:
-                return getattr(stub, method)(request, timeout=timeout or self.timeout, metadata=self.metadata(index))
+                return invoke(self.stub(index, service), self.metadata(index))
             except grpc.RpcError as exc:
-                last = exc
                 code, detail = exc.code(), (exc.details() or "")
                 if self._user is not None and not reauthed and any(s in detail for s in _AUTH_RETRY):
                     reauthed = True
                     self._authenticate(index)
                     continue
-                if getattr(code, "name", "") not in _RETRY_CODES:
-                    raise
                 attempts -= 1
+                if getattr(code, "name", "") not in _RETRY_CODES or attempts == 0:
+                    raise
                 index = (index + 1) % len(self._targets)
                 with self._mutex:
                     self._current = index
-        raise last
+
+    def call(self, service: str, method: str, request: Any, timeout: float | None = None) -> Any:
+        """One unary RPC, failing over to the next member on UNAVAILABLE."""
+        seconds = timeout or self.timeout
+        return self.failover(
+            service, lambda stub, metadata: getattr(stub, method)(request, timeout=seconds, metadata=metadata)
+        )
 
     def guarded(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn``; translate a gRPC failure into BackendUnavailable."""
@@ -222,17 +229,22 @@ class EtcdClient:
         request = rpc.LeaseTimeToLiveRequest(ID=lease_id)
         return int(self.guarded("lease lookup", lambda: self.call("Lease", "LeaseTimeToLive", request)).TTL)
 
-    def keepalive(self, lease_id: int, timeout: float | None = None) -> int:
-        """One keepalive round trip; the lease's TTL after it (<= 0: the lease is gone)."""
+    def lease_keys(self, lease_id: int) -> set[bytes] | None:
+        """The keys attached to a lease now, in one read; ``None`` if the lease is gone."""
+        request = rpc.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+        reply = self.guarded("lease keys read", lambda: self.call("Lease", "LeaseTimeToLive", request))
+        return None if int(reply.TTL) <= 0 else set(reply.keys)
 
-        def once() -> int:
-            index = self._current
-            stub = self.stub(index, "Lease")
-            call = stub.LeaseKeepAlive(
-                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
-                timeout=timeout or self.timeout,
-                metadata=self.metadata(index),
-            )
+    def keepalive(self, lease_id: int, timeout: float | None = None) -> int:
+        """One keepalive round trip (on the next member if this one is unavailable); the TTL after it.
+
+        A TTL <= 0 means the lease is gone.
+        """
+        request = rpc.LeaseKeepAliveRequest(ID=lease_id)
+        seconds = timeout or self.timeout
+
+        def once(stub: Any, metadata: Any) -> int:
+            call = stub.LeaseKeepAlive(iter([request]), timeout=seconds, metadata=metadata)
             try:
                 for response in call:
                     return int(response.TTL)
@@ -240,13 +252,16 @@ class EtcdClient:
             finally:
                 call.cancel()
 
-        return self.guarded("lease keepalive", once)
+        return self.guarded("lease keepalive", lambda: self.failover("Lease", once))
 
     def watch_stream(self, requests: Iterator[Any]) -> Any:
-        """Open a Watch stream (no deadline: it lives until cancelled or broken)."""
+        """Open a Watch stream on the current member (no deadline: it lives until cancelled or broken).
+
+        A broken stream wakes every waiter, whose re-check fails over; the next stream opens on the member
+        that answered.
+        """
         index = self._current
-        stub = self.stub(index, "Watch")
-        return stub.Watch(requests, metadata=self.metadata(index))
+        return self.guarded("watch", lambda: self.stub(index, "Watch").Watch(requests, metadata=self.metadata(index)))
 
     def close(self) -> None:
         with self._mutex:

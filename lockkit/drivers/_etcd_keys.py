@@ -2,23 +2,27 @@
 
 One lock name is one *key range*; every contender (holder or waiter) owns one key in it::
 
-    <prefix><encode_name(name)>/<lease-id, 16 hex>-<sha256(token)[:16]>
+    <prefix><encode_name(name)>/<lease-id, 16 hex>-<slot>
 
 * ``encode_name`` (:mod:`lockkit.names`) percent-encodes ``/`` (and ``%``), so the
   range of ``a`` (``…a/`` up to ``…a0``) never contains a key of ``a/b``
   (``…a%2Fb/…``): no name is a prefix of another name's range.
 * The lease id says which session a key belongs to (``etcdctl lease revoke`` it
-  to break a dead client's locks); the token hash makes the key unique per
-  acquisition, so two handles of one client contend like strangers, and a
-  retried create whose first reply was lost finds its own key again (like
-  kazoo's GUID prefix). The token itself is the key's value.
+  to break a dead client's locks). The slot (decimal, from 0) tells apart the
+  contenders one session has on one name *at the same time*, so two handles of
+  one client contend like strangers; an acquisition takes the lowest slot its
+  session is not using. Reusing key names matters: etcd keeps every deleted key
+  in its index until compaction and a range read visits them all, so a key name
+  per acquisition would make every later read of a busy lock's range slower.
+  The token is the key's value: a create retried after a lost reply finds its
+  own key again by it.
 * The holder is the key with the lowest ``create_revision`` in the range; a
   waiter watches the key with the greatest ``create_revision`` below its own.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 
 from ..names import encode_name
 
@@ -37,14 +41,14 @@ def prefix_end(start: bytes) -> bytes:
     return b"\0"  # every byte was 0xff: the range runs to the end of the keyspace
 
 
+@functools.lru_cache(maxsize=1 << 14)  # every acquire, release-by-value and status read maps a name
 def name_range(prefix: str, name: str) -> tuple[bytes, bytes]:
     """``[start, end)`` of the key range of lock ``name``."""
     start = (prefix + encode_name(name) + "/").encode("utf-8")
     return start, prefix_end(start)
 
 
-def lock_key(prefix: str, name: str, lease_id: int, token: str) -> bytes:
-    """The key one acquisition of ``name`` creates under session lease ``lease_id``."""
+def lock_key(prefix: str, name: str, lease_id: int, slot: int) -> bytes:
+    """The key a contender for ``name`` creates in slot ``slot`` of session lease ``lease_id``."""
     start, _ = name_range(prefix, name)
-    digest = hashlib.sha256(token.encode("utf-8")).hexdigest()[:16]
-    return start + f"{lease_id & 0xFFFFFFFFFFFFFFFF:016x}-{digest}".encode("ascii")
+    return start + f"{lease_id & 0xFFFFFFFFFFFFFFFF:016x}-{slot}".encode("ascii")

@@ -9,7 +9,8 @@ thousand locks costs one keepalive per period.
   grant more (its minimum TTL, about 2 s by default), and the granted TTL is the
   effective ttl of every lock on it.
 * **Kept alive** by the renewal scheduler's ``renew_many`` (one keepalive per
-  round per session), by waiters when nobody holds a lock (at half the TTL,
+  round per session, shared by rounds within a fifth of the TTL, plus one
+  round trip checking that the locks' keys still exist), by waiters when nobody holds a lock (at half the TTL,
   one keepalive however many waiters), and by an acquire that finds the lease
   older than a sixth of its TTL. An idle session is not kept alive: it lapses,
   and the next acquire grants a new one.
@@ -25,18 +26,22 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..driver import LeaseEvents
 from ..errors import BackendUnavailable
 from ..timing import Clock, lease_deadline
-from ._etcd_client import EtcdClient, rpc
+from ._etcd_client import EtcdClient, cmp_created, delete_op, range_op, rpc
+from ._etcd_keys import lock_key
 
 __all__ = ["Held", "Session", "Sessions"]
 
 log = logging.getLogger("lockkit")
 
 REVOKE_TIMEOUT = 1.0
+MAX_TXN_OPS = 128
+"""etcd's default ``--max-txn-ops``: the most compares one transaction may carry."""
 ACQUIRE_REFRESH_AGE = 1 / 6
 """An acquire keeps the lease alive first if its last keepalive is older than this share of the TTL.
 
@@ -57,6 +62,8 @@ class Session:
     tokens: set[str] = field(default_factory=set)
     """Tokens of the locks held on this lease (reported lost with it)."""
     waiters: int = 0
+    keys: set[bytes] = field(default_factory=set)
+    """Our keys on this lease that may exist on the server (held, queued, or orphaned): their slots are taken."""
     refresh_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def expires_locally(self) -> float:
@@ -81,7 +88,7 @@ class Sessions:
         self._mutex = threading.Lock()
         self._grant_mutex = threading.Lock()
         self._by_ttl: dict[int, Session] = {}
-        self._orphans: list[tuple[bytes, int, bytes]] = []
+        self._orphans: list[tuple[Session, bytes, int, bytes]] = []
 
     def get(self, ttl: float) -> Session:
         """A live session for locks of ``ttl``: granted if needed, kept alive if older than a sixth of its TTL."""
@@ -119,6 +126,43 @@ class Sessions:
             session.ttl = granted
             return True
 
+    def keep_waiting_alive(self, session: Session) -> float | None:
+        """Keep the lease alive for waiters only (at half its TTL); the next refresh time, None if it is gone."""
+        try:
+            if not self.refresh(session, session.ttl / 2):
+                return None
+        except BackendUnavailable:
+            return self._clock() + min(1.0, session.ttl / 10)  # retried; the re-check will tell if it expired
+        return session.refreshed_at + session.ttl / 2
+
+    def alive(self, session: Session, held: Sequence[Held]) -> list[bool]:
+        """Which of these keys on ``session``'s lease still exist: one round trip however many there are.
+
+        Up to 128 keys: one transaction comparing each key's create_revision with ours. More: one read of
+        the keys attached to the lease (``LeaseTimeToLive`` with ``keys``), instead of a transaction per 128
+        keys. A key name holds our lease id and our token's hash, so a key of that name on our lease is
+        ours (tokens are never reused).
+        """
+        if len(held) <= MAX_TXN_OPS:
+            reply = self._client.txn(
+                rpc.TxnRequest(
+                    compare=[cmp_created(h.key, h.revision) for h in held], failure=[range_op(h.key) for h in held]
+                ),
+                "renew check",
+            )
+            if reply.succeeded:
+                return [True] * len(held)
+            out = []
+            for h, response in zip(held, reply.responses, strict=True):
+                kvs = response.response_range.kvs
+                out.append(bool(kvs) and int(kvs[0].create_revision) == h.revision)
+            return out
+        attached = self._client.lease_keys(session.lease_id)
+        if attached is None:
+            self.lose(session, "etcd reports the session lease gone (revoked or expired)")
+            return [False] * len(held)
+        return [h.key in attached for h in held]
+
     def lose(self, session: Session, reason: str, revoke: bool = False) -> None:
         """Mark ``session`` lost, report every lock held on it, and stop using it for new acquires."""
         with self._mutex:
@@ -142,33 +186,44 @@ class Sessions:
         except BackendUnavailable as exc:  # the lease then expires on its own
             log.info("lockkit: could not revoke abandoned etcd lease %x: %s", session.lease_id, exc)
 
-    # -- keys whose fate is unknown (a reply was lost) -------------------------------------
+    # -- our keys: slots, and keys whose fate is unknown (a reply was lost) ----------------------
 
-    def orphan(self, key: bytes, revision: int = 0, value: bytes = b"") -> None:
+    def take_key(self, session: Session, prefix: str, name: str) -> bytes:
+        """Reserve the key of the lowest slot of ``name`` that ``session`` is not using (see ._etcd_keys)."""
+        with self._mutex:
+            slot = 0
+            while (key := lock_key(prefix, name, session.lease_id, slot)) in session.keys:
+                slot += 1
+            session.keys.add(key)
+            return key
+
+    def free(self, session: Session, key: bytes) -> None:
+        """``key`` is gone from the server (deleted, never created, or its lease ended): its slot is free."""
+        with self._mutex:
+            session.keys.discard(key)
+
+    def orphan(self, session: Session, key: bytes, revision: int = 0, value: bytes = b"") -> None:
         """Remember a key to delete later: guarded on ``revision`` if known, else on its ``value``."""
         with self._mutex:
-            self._orphans.append((key, revision, value))
+            self._orphans.append((session, key, revision, value))
 
     def sweep(self) -> None:
         """Try once to delete every orphaned key (each delete guarded, so a new owner is never touched)."""
         with self._mutex:
             orphans, self._orphans = self._orphans, []
-        for index, (key, revision, value) in enumerate(orphans):
+        for index, (session, key, revision, value) in enumerate(orphans):
             if revision:
-                compare = rpc.Compare(
-                    result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision
-                )
+                compare = cmp_created(key, revision)
             else:
                 compare = rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE, key=key, value=value)
-            request = rpc.TxnRequest(
-                compare=[compare], success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))]
-            )
             try:
-                self._client.txn(request, "cleanup delete")
+                reply = self._client.txn(rpc.TxnRequest(compare=[compare], success=[delete_op(key)]), "cleanup delete")
             except BackendUnavailable:
                 with self._mutex:
                     self._orphans.extend(orphans[index:])
                 return
+            if reply.succeeded or revision:  # deleted now, or (guarded on our revision) gone already
+                self.free(session, key)
 
     @property
     def has_orphans(self) -> bool:

@@ -167,6 +167,14 @@ class Watcher:
             stream = self._stream
         return stream.add(key)
 
+    def watch_after(self, key: bytes, seen: int) -> tuple[Watch, bool]:
+        """Watch ``key`` from now; also say whether to re-check (anything written since we read it at ``seen``)."""
+        handle = self.watch(key)
+        if not handle.created.wait(self._client.timeout):
+            handle.fire(failed=True)
+            return handle, False
+        return handle, handle.revision > seen  # the delete may have come before the watch started
+
     def reset(self) -> None:
         """Drop the current stream (waiters wake and re-check); the next watch opens a fresh one."""
         with self._mutex:

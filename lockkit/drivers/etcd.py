@@ -9,7 +9,11 @@ the cluster keeps its data. The model is etcd's Go ``client/v3/concurrency``
 
 Key layout (see :mod:`._etcd_keys`)::
 
-    <prefix><encode_name(name)>/<lease-id hex>-<sha256(token)[:16]>  = token
+    <prefix><encode_name(name)>/<lease-id hex>-<slot>  = token
+
+(the slot tells apart one session's simultaneous contenders for a name; key
+names are reused, because etcd's range reads slow down with every deleted key
+name until compaction).
 
 * **acquire** is one transaction: if our key does not exist, put it under the
   session lease and read the two newest keys of the name's range. If ours is the
@@ -26,8 +30,14 @@ Key layout (see :mod:`._etcd_keys`)::
 * **release / renew** are guarded on our key's ``create_revision``: a stale
   release never deletes a newer key of the same name (etcd #22082). ``renew``
   is a keepalive of the session lease plus a check that our key still exists;
-  ``renew_many`` sends one keepalive per session and checks up to 128 keys per
-  transaction (etcd's default ``--max-txn-ops``).
+  ``renew_many`` sends one keepalive per session and checks all its keys in one
+  more round trip (a transaction for up to 128 keys, etcd's default
+  ``--max-txn-ops``; beyond that one read of the keys attached to the lease).
+* **presence** records (``announce``/``withdraw``/``members``, for the migrate
+  backend) live under ``<prefix>.presence/``, each on its own lease: see
+  :mod:`._etcd_presence`.
+* Every request fails over to the next member on UNAVAILABLE, keepalives
+  included (:mod:`._etcd_client`).
 
 Deviations: a lock lives as long as its session lease, so a lock acquired with
 ``auto_renew=False`` stays held while other locks or waiters of the same client
@@ -42,23 +52,20 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
-from ..errors import BackendUnavailable, ConfigError
+from ..errors import BackendUnavailable
 from ..lease import token_hint
-from ..urls import BackendURL, parse_options
+from ..urls import BackendURL
 from ._etcd_client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
-from ._etcd_keys import DEFAULT_PREFIX, lock_key, name_range
+from ._etcd_config import EtcdOptions, open_client
+from ._etcd_keys import name_range
+from ._etcd_presence import PresenceRecords
 from ._etcd_session import Held, Session, Sessions
-from ._etcd_watch import Watch, Watcher
+from ._etcd_watch import Watcher
 
 __all__ = ["EtcdDriver", "EtcdOptions"]
-
-DEFAULT_PORT = 2379
-MAX_TXN_OPS = 128
 
 
 class _Requeue:
@@ -74,37 +81,6 @@ class _Placed(NamedTuple):
     seen: int
     """The revision at which ``predecessor`` was read: watch from the next one."""
     sent_at: float
-
-
-@dataclass(frozen=True)
-class EtcdOptions:
-    prefix: str = DEFAULT_PREFIX
-    """Every key lockkit creates starts with this (grant the role readwrite on it)."""
-    timeout: float = 5.0
-    """Seconds each request may take before the call fails with BackendUnavailable."""
-    ca: str | None = None
-    """etcds://: PEM file of the CA that signed the members' certificates (default: system roots)."""
-    cert: str | None = None
-    """etcds://: PEM client certificate, for --client-cert-auth."""
-    key: str | None = None
-    """etcds://: PEM private key of ``cert``."""
-
-    def __post_init__(self) -> None:
-        if not self.prefix:
-            raise ConfigError("prefix must not be empty (it separates lockkit's keys from the rest)")
-        if not 0 < self.timeout <= 300:
-            raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}")
-        if (self.cert is None) != (self.key is None):
-            raise ConfigError("give both cert and key (client certificate authentication) or neither")
-
-
-def _read_pem(path: str | None, what: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the {what} file {path!r} ({exc.strerror})") from None
 
 
 class EtcdDriver:
@@ -125,36 +101,11 @@ class EtcdDriver:
         self._watcher = Watcher(client)
         self._mutex = threading.Lock()
         self._held: dict[str, Held] = {}
+        self._presence = PresenceRecords(client, options.prefix)
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> EtcdDriver:
-        options = parse_options(EtcdOptions, url.options, url)
-        if not url.hosts:
-            raise ConfigError(f"{url.scheme}:// needs at least one host, e.g. {url.scheme}://127.0.0.1:2379; got {url}")
-        if url.path not in ("", "/"):
-            raise ConfigError(f"etcd URLs take no path; set the key prefix with ?prefix=/myapp/locks/ (got {url})")
-        endpoints = url.host_port(DEFAULT_PORT)
-        if len(set(endpoints)) != len(endpoints):
-            raise ConfigError(f"duplicate etcd endpoint in {url}")
-        if url.password is not None and not url.username:
-            raise ConfigError(f"a password needs a user name: {url.scheme}://USER:PASSWORD@host (got {url})")
-        credentials = None
-        if url.scheme == "etcds":
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read_pem(options.ca, "CA"),
-                private_key=_read_pem(options.key, "client key"),
-                certificate_chain=_read_pem(options.cert, "client certificate"),
-            )
-        elif options.ca or options.cert:
-            raise ConfigError(f"TLS options (ca, cert, key) need the etcds:// scheme; got {url}")
-        client = EtcdClient(
-            endpoints,
-            credentials=credentials,
-            user=url.username,
-            password=url.password,
-            timeout=options.timeout,
-            shown=str(url),
-        )
+        client, options = open_client(url)
         return cls(client, options, ctx)
 
     # -- acquire ---------------------------------------------------------------------------------
@@ -169,22 +120,28 @@ class EtcdDriver:
             if self._sessions.has_orphans:
                 self._sessions.sweep()
             session = self._sessions.get(ttl)
-            key = lock_key(self._prefix, name, session.lease_id, token)
+            key = self._sessions.take_key(session, self._prefix, name)
             one_shot = deadline is not None and self._clock() >= deadline
             try:
                 placed = self._place(session, key, token, start, end, one_shot)
             except BackendUnavailable:
-                self._sessions.orphan(key, value=token.encode())  # the create may have been applied
+                self._sessions.orphan(session, key, value=token.encode())  # the create may have been applied
                 raise
-            if isinstance(placed, _Requeue):
+            if placed is None or isinstance(placed, _Requeue):  # nothing was created
+                self._sessions.free(session, key)
+                if placed is None:
+                    return None
                 continue
-            if placed is None:
-                return None
             if placed.predecessor is None:
                 return self._granted(name, token, key, placed.revision, session, placed.sent_at)
-            result = self._wait(name, token, key, session, placed, start, end, deadline, cancel)
+            try:
+                result = self._wait(name, token, key, session, placed, start, end, deadline, cancel)
+            except BackendUnavailable:  # still queued: deleted by a later sweep, or with the session lease
+                self._sessions.orphan(session, key, placed.revision)
+                raise
             if not isinstance(result, _Requeue):
                 return result
+            self._sessions.free(session, key)  # our queued key vanished
         raise BackendUnavailable(f"etcd at {self._client.shown}: our queued key kept vanishing; giving up")
 
     def _place(
@@ -240,7 +197,7 @@ class EtcdDriver:
         """Sleep until our predecessor's delete, re-check, repeat; the Grant, None (gave up) or _REQUEUE."""
         revision, pred = placed.revision, placed.predecessor or b""
         stop = threading.Event()
-        handle, check_now = self._watch(pred, placed.seen)
+        handle, check_now = self._watcher.watch_after(pred, placed.seen)
 
         def wake() -> None:
             stop.set()
@@ -256,12 +213,12 @@ class EtcdDriver:
                 now = self._clock()
                 if stop.is_set() or (deadline is not None and now >= deadline):
                     handle.cancel()
-                    self._abandon(key, revision, token)
+                    self._abandon(session, key, revision)
                     return None
                 if not check_now:
                     waits = [next_refresh - now] + ([deadline - now] if deadline is not None else [])
                     if not handle.event.wait(max(0.001, min(waits))):
-                        refresh = self._keep_waiting_alive(session)
+                        refresh = self._sessions.keep_waiting_alive(session)
                         if refresh is None:
                             handle.cancel()
                             return _REQUEUE
@@ -305,35 +262,20 @@ class EtcdDriver:
                     continue  # the live watch started before this read: it will see pred's delete
                 handle.cancel()
                 pred = kvs[0].key
-                handle, check_now = self._watch(pred, int(check.header.revision))
+                handle, check_now = self._watcher.watch_after(pred, int(check.header.revision))
         finally:
             with self._mutex:
                 session.waiters -= 1
             if unhook is not None:
                 unhook()
 
-    def _watch(self, pred: bytes, seen: int) -> tuple[Watch, bool]:
-        """Watch ``pred`` from now; also say whether to re-check (anything written since we read it at ``seen``)."""
-        handle = self._watcher.watch(pred)
-        if not handle.created.wait(self._client.timeout):
-            handle.fire(failed=True)
-            return handle, False
-        return handle, handle.revision > seen  # the delete may have come before the watch started
-
-    def _keep_waiting_alive(self, session: Session) -> float | None:
-        """Keep the session lease alive while we only wait; the next refresh time, or None if it is gone."""
-        try:
-            if not self._sessions.refresh(session, session.ttl / 2):
-                return None
-        except BackendUnavailable:
-            return self._clock() + min(1.0, session.ttl / 10)  # retried; the re-check will tell if it expired
-        return session.refreshed_at + session.ttl / 2
-
-    def _abandon(self, key: bytes, revision: int, token: str) -> None:
+    def _abandon(self, session: Session, key: bytes, revision: int) -> None:
         try:
             self._client.txn(rpc.TxnRequest(compare=[cmp_created(key, revision)], success=[delete_op(key)]), "dequeue")
         except BackendUnavailable:
-            self._sessions.orphan(key, revision)
+            self._sessions.orphan(session, key, revision)
+        else:
+            self._sessions.free(session, key)
 
     def _granted(self, name: str, token: str, key: bytes, revision: int, session: Session, sent_at: float) -> Grant:
         with self._mutex:
@@ -343,26 +285,6 @@ class EtcdDriver:
 
     # -- renew, release -----------------------------------------------------------------------------
 
-    def _alive(self, held: list[Held]) -> list[bool]:
-        """Which of these keys still exist with their create_revision (one txn per 128 keys)."""
-        out: list[bool] = []
-        for i in range(0, len(held), MAX_TXN_OPS):
-            chunk = held[i : i + MAX_TXN_OPS]
-            reply = self._client.txn(
-                rpc.TxnRequest(
-                    compare=[cmp_created(h.key, h.revision) for h in chunk],
-                    failure=[range_op(h.key) for h in chunk],
-                ),
-                "renew check",
-            )
-            if reply.succeeded:
-                out.extend([True] * len(chunk))
-                continue
-            for h, response in zip(chunk, reply.responses, strict=True):
-                kvs = response.response_range.kvs
-                out.append(bool(kvs) and int(kvs[0].create_revision) == h.revision)
-        return out
-
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         result = self._renew([RenewRequest(name, token, ttl)], reuse=0.0)[0]
         if isinstance(result, Exception):
@@ -370,8 +292,11 @@ class EtcdDriver:
         return result
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
-        # batches due at different moments share a keepalive sent within the last tenth of the TTL
-        return self._renew(requests, reuse=0.1)
+        # A batch shares a keepalive sent within the last fifth of the TTL, and its locks' validity then
+        # counts from that keepalive: batches due at different moments fall into step, so that however many
+        # locks a session holds, renewing them costs about one keepalive per period (ttl/3). A fifth keeps
+        # the next renewal (at the keepalive + ttl/3) out of the scheduler's coalescing window (ttl/10).
+        return self._renew(requests, reuse=0.2)
 
     def _renew(self, requests: Sequence[RenewRequest], reuse: float) -> list[Grant | Exception | None]:
         results: list[Grant | Exception | None] = [None] * len(requests)
@@ -387,7 +312,7 @@ class EtcdDriver:
                 if not self._sessions.refresh(session, session.ttl * reuse):
                     continue
                 sent_at = min(sent_at, session.refreshed_at)
-                alive = self._alive([h for _, h in items])
+                alive = self._sessions.alive(session, [h for _, h in items])
             except BackendUnavailable as exc:
                 for i, _ in items:
                     results[i] = exc
@@ -413,10 +338,12 @@ class EtcdDriver:
         if held is None or held.name != name:
             return self._release_by_value(name, token)
         try:
-            return self._delete_if(held.key, held.revision)
+            deleted = self._delete_if(held.key, held.revision)
         except BackendUnavailable:
-            self._sessions.orphan(held.key, held.revision)  # deleted on a later round, or dies with the lease
+            self._sessions.orphan(held.session, held.key, held.revision)  # deleted later, or dies with the lease
             raise
+        self._sessions.free(held.session, held.key)
+        return deleted
 
     def _release_by_value(self, name: str, token: str) -> bool:
         """A token this driver does not track (another handle of the same client): find its key by value."""
@@ -450,6 +377,17 @@ class EtcdDriver:
     def force_release(self, name: str) -> bool:
         reply = self._first(name)
         return bool(reply.kvs) and self._delete_if(reply.kvs[0].key, int(reply.kvs[0].create_revision))
+
+    # -- presence (the migrate backend's fleet guard; see ._etcd_presence) ----------------------------
+
+    def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        self._presence.announce(group, member, value, ttl)
+
+    def withdraw(self, group: str, member: str) -> None:
+        self._presence.withdraw(group, member)
+
+    def members(self, group: str) -> dict[str, str]:
+        return self._presence.members(group)
 
     def ping(self) -> None:
         self._client.range(rpc.RangeRequest(key=self._prefix.encode(), count_only=True), "ping")
