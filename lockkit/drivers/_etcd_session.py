@@ -172,8 +172,13 @@ class Sessions:
             if self._by_ttl.get(session.requested) is session:
                 del self._by_ttl[session.requested]
             tokens = list(session.tokens)
-        log.warning(
-            "lockkit: etcd session lease %x lost (%s); %d lock(s) affected", session.lease_id, reason, len(tokens)
+        # An idle session lapsing is by design (nothing held, nothing queued): worth a warning only when it costs locks.
+        log.log(
+            logging.WARNING if tokens else logging.DEBUG,
+            "lockkit: etcd session lease %x lost (%s); %d lock(s) affected",
+            session.lease_id,
+            reason,
+            len(tokens),
         )
         for token in tokens:
             self._events.lost(token, reason)
