@@ -14,7 +14,9 @@ from backends.pytest_fixtures import RedisFactory
 from lockkit import BackendUnavailable
 
 RULE = ("on >pw-XYZ resetkeys ~lockkit:* resetchannels &lockkit:* -@all +evalsha +script|load +set +get +del "
-        "+incr +pexpire +pttl +publish +subscribe +unsubscribe +ping +info +config|get")
+        "+incr +pexpire +pttl +publish +time +lindex +lpop +lrem +rpush +llen +zscore +zadd +zrem +zcount "
+        "+subscribe +unsubscribe +ping +info +config|get")
+PRESENCE_RULE = " +hset +hget +hdel +zrange +zrangebyscore +zremrangebyscore +persist"
 
 
 def test_documented_acl_rule_is_enough(fresh_redis: RedisFactory, caplog: pytest.LogCaptureFixture) -> None:
@@ -42,3 +44,17 @@ def test_documented_acl_rule_is_enough(fresh_redis: RedisFactory, caplog: pytest
             pytest.raises(BackendUnavailable, match="ACL") as info:
         d.lock(name + "x", ttl=2).acquire(timeout=1)
     assert "pw-XYZ" not in str(info.value)
+
+
+def test_presence_acl_rule_is_enough(fresh_redis: RedisFactory) -> None:
+    """The extra commands that presence records (the migrate backend) need, as documented."""
+    server = fresh_redis()
+    admin = redis.Redis(port=server.port)
+    admin.execute_command("ACL", "SETUSER", "lockkit", *(RULE + PRESENCE_RULE).split())
+    with lockkit.connect(f"redis://lockkit:pw-XYZ@127.0.0.1:{server.port}/0") as locks:
+        driver = locks._backends[locks.backends()[0]].driver  # type: ignore[attr-defined]
+        driver.announce("acl-group", "m1", "v1", 5.0)
+        driver.announce("acl-group", "epoch", "1", None)
+        assert driver.members("acl-group") == {"m1": "v1", "epoch": "1"}
+        driver.withdraw("acl-group", "m1")
+        assert driver.members("acl-group") == {"epoch": "1"}

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -216,3 +217,119 @@ def test_R4_early_expiry_detected_within_one_renewal_period(server: RedisServer,
     expired = time.monotonic()
     lost_at = wait_lost(lease, 3)
     assert lost_at is not None and lost_at - expired <= ttl / 3 + SLACK
+
+
+PAUSED_HOLDER = """
+import json, sys, threading, time, lockkit
+from lockkit.fencing_store import FencedStore
+url, name, path, fenced = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+locks = lockkit.connect(url)
+lease = locks.lock(name, ttl=1.0).acquire(timeout=5)
+lost = threading.Event()
+lease.add_lost_callback(lambda _: lost.set())
+store = FencedStore(path) if fenced else None
+if store is not None:
+    value = store.read(lease.fencing_token, lease.token)
+else:
+    value = int(open(path).read())
+entered = time.monotonic()
+print("held", flush=True)
+sys.stdin.readline()  # SIGSTOPped here; the test sends a line after SIGCONT
+resumed = time.monotonic()
+valid = lease.valid
+started = time.perf_counter()
+try:
+    lease.ensure_valid()
+    ensure = "passed"
+except lockkit.LockLost:
+    ensure = "raised"
+ensure_took = time.perf_counter() - started
+if store is not None:
+    wrote = store.write(value + 1, lease.fencing_token, lease.token)
+else:  # an unfenced client writes what it computed before the pause: the lost-update hazard
+    open(path, "w").write(str(value + 1))
+    wrote = True
+exited = time.monotonic()
+fired = lost.wait(1.0)
+print(json.dumps({"valid": valid, "ensure": ensure, "ensure_took": ensure_took, "wrote": wrote,
+                  "entered": entered, "exited": exited, "lost_after": time.monotonic() - resumed if fired else None}),
+      flush=True)
+"""
+
+
+def run_paused_holder(
+    url: str, n: str, path: str, fenced: bool, intruder: lockkit.Locker
+) -> tuple[dict[str, object], float, float]:
+    """Holder pauses (SIGSTOP) past 2×TTL while an intruder takes the lock and writes; then it resumes."""
+    import json
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_HOLDER, url, n, path, "1" if fenced else "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(2.0)  # 2 × TTL: the holder's key expires on the server
+        with intruder.lock(n, ttl=5) as lease:
+            entered = time.monotonic()
+            if fenced:
+                from lockkit.fencing_store import FencedStore
+
+                store = FencedStore(path)
+                value = store.read(lease.fencing_token, lease.token)
+                assert value is not None and store.write(value + 1, lease.fencing_token, lease.token)
+                store.close()
+            else:
+                with open(path) as f:
+                    value = int(f.read())
+                with open(path, "w") as f:
+                    f.write(str(value + 1))
+            os.kill(proc.pid, signal.SIGCONT)  # the old holder wakes up while we still hold the lock
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            report = json.loads(proc.stdout.readline())
+            exited = time.monotonic()
+        return report, entered, exited
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stdin.close()
+
+
+def test_C4a_paused_holder_is_fenced_off_and_knows_it_lost(
+    server: RedisServer, locks: lockkit.Locker, tmp_path: Path
+) -> None:
+    from lockkit.fencing_store import FencedStore
+
+    path = str(tmp_path / "fenced.sqlite")
+    FencedStore(path).close()
+    report, _, _ = run_paused_holder(server.url, name(), path, True, locks)
+    print("C-4a:", report)
+    assert report["wrote"] is False, "the fencing store accepted the paused holder's stale write"
+    assert report["valid"] is False and report["ensure"] == "raised"
+    assert float(report["ensure_took"]) < 0.05  # type: ignore[arg-type]  # in-memory check (generous bound for CI)
+    assert report["lost_after"] is not None and float(report["lost_after"]) <= 1.0 / 3 + SLACK  # type: ignore[arg-type]
+    store = FencedStore(path)
+    summary = store.report()
+    store.close()
+    assert summary.backwards == 0 and summary.shared_tokens == 0 and summary.value == 1
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redlock"])
+def test_C4b_canary_without_fencing_the_overlap_is_real(
+    scheme: str, server: RedisServer, redlock_servers: object, tmp_path: Path
+) -> None:
+    url = server.url if scheme == "redis" else redlock_servers.url  # type: ignore[attr-defined]
+    path = tmp_path / "counter"
+    path.write_text("0")
+    with lockkit.connect(url) as intruder:
+        report, entered, exited = run_paused_holder(url, name(), str(path), False, intruder)
+    print(f"C-4b {scheme}:", report)
+    # the overlap checker: the old holder's critical section [entered, exited] contains the intruder's
+    old_enter, old_exit = float(report["entered"]), float(report["exited"])  # type: ignore[arg-type]
+    assert old_enter < entered and exited > old_exit > entered, "the harness failed to see the overlap"
+    assert path.read_text() == "1", "two acknowledged increments should have lost one (the documented hazard)"

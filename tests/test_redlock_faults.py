@@ -148,3 +148,46 @@ async def test_L2_async_majority_down(fresh_redlock: RedlockFactory) -> None:
     async with lockkit.connect_async(group.url) as locks:
         with pytest.raises(BackendUnavailable, match="reached 2 of 5"):
             await locks.lock(name(), ttl=5).acquire(timeout=1)
+
+
+def test_L5_early_expiry_on_one_of_three_holding_masters(redlock_servers: RedlockServers) -> None:
+    n = name()
+    key = lock_key(n)
+    masters = list(redlock_servers)
+    for m in masters[3:]:  # D and E are busy (a foreign key), so the holder wins exactly A, B, C
+        raw(m).set(key, "someone-else", px=10_000)
+    with lockkit.connect(redlock_servers.url) as a, lockkit.connect(redlock_servers.url) as b:
+        lock = a.lock(n, ttl=10, auto_renew=False)
+        lock.acquire(timeout=2)
+        assert [raw(m).exists(key) for m in masters] == [1] * 5
+        raw(masters[2]).pexpire(key, 1)  # C's clock jumps forward: the holder's key there expires early
+        for m in masters[3:]:
+            raw(m).delete(key)  # ... and D, E free up
+        time.sleep(0.01)
+        intruder = b.lock(n, ttl=10, auto_renew=False)
+        assert intruder.try_acquire() is not None, "canary: a second client should win C, D, E (the hazard)"
+        with pytest.raises(LockLost):
+            lock.renew()  # the holder now renews on A and B only: fewer than a quorum
+        intruder.release()
+
+
+def test_L7_non_positive_validity_fails_and_unlocks_every_master(
+    redlock_servers: RedlockServers, fault_proxy: ProxyFactory
+) -> None:
+    proxies = [fault_proxy(m) for m in redlock_servers]
+    n = name()
+    with lockkit.connect(hosts_url([p.port for p in proxies], "timeout=1&connect_timeout=1")) as locks:
+        warm = locks.lock(name(), ttl=1)
+        warm.acquire(timeout=2)
+        warm.release()  # warm the pools
+        before = [raw(m).info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) for m in redlock_servers]
+        for proxy in proxies:
+            proxy.delay(0.05, "down")  # every reply arrives after the whole TTL has passed
+        assert locks.lock(n, ttl=0.04).try_acquire() is None
+        for proxy in proxies:
+            proxy.heal()
+        after = [raw(m).info("commandstats")["cmdstat_evalsha"]["calls"] for m in redlock_servers]
+    # every master got the acquire and then the undo (not just the ones that answered in time)
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2] * 5
+    for m in redlock_servers:
+        assert raw(m).exists(lock_key(n)) == 0

@@ -7,15 +7,28 @@ generation). Operations:
 
 * :class:`Send` — run these calls (one server: its replies; Redlock: a
   :class:`~._redis_quorum.NodeResult` per master, sent to all in parallel);
-* :class:`Watch` — subscribe to the lock's wake-up channel (returns once the
-  server confirmed, so no release can slip between the next attempt and the wait);
+* :class:`Watch` — subscribe to the lock's wake-up channel; returns ``True``
+  if the flow must try again before sleeping (a release may have slipped in
+  before the subscription was confirmed), ``False`` if it may sleep at once:
+  the subscription was live and silent since before the last attempt, or (the
+  blocking face, which does not wait for the pub/sub thread) the hub will wake
+  the waiter itself once the subscription is confirmed if anything was missed;
 * :class:`Wait` — sleep until a wake-up, the timeout, or a cancel: returns
-  ``"woken"``, ``"timeout"`` or ``"cancelled"``.
+  ``"woken"``, ``"standby"`` (a hand-off named us next in line), ``"timeout"``
+  or ``"cancelled"``.
 
 Waiting is woken by the release's PUBLISH; the only timer is one re-check at
 the holder's remaining TTL (returned by the failed acquire itself, so it costs
 no extra round trip) plus random jitter, so contenders that lost a race do not
 all retry at the same instant.
+
+The single-node flow is *fair* (FIFO): a blocking acquire joins the lock's
+waiter queue in the same script that found the lock taken, a release hands the
+lock to the first live waiter as a short reservation and wakes only that
+waiter (see the fair scripts in :mod:`._redis_scripts`), and a waiter that gives
+up leaves the queue (passing on a reservation made for it). A one-shot attempt
+(deadline already past) never queues. Redlock stays unqueued: per-master queues
+could disagree on the head and split the vote.
 """
 
 from __future__ import annotations
@@ -34,18 +47,29 @@ from ..timing import Clock
 from ._redis_keys import LockKeys
 from ._redis_node import Call
 from ._redis_quorum import NodeResult, quorum, tally_acquire
-from ._redis_scripts import ACQUIRE, RELEASE
+from ._redis_scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELEASE, LEAVE, RELEASE
 
-__all__ = ["Send", "Wait", "Watch", "acquire_flow", "adrive", "drive", "redlock_acquire_flow"]
+__all__ = [
+    "Send", "Wait", "Watch", "acquire_flow", "adrive", "drive", "leave_call", "redlock_acquire_flow", "release_call",
+]  # fmt: skip
+
+CLAIM_MS = 250
+"""How long a release reserves the lock for the first queued waiter (a dead waiter costs at most this)."""
+MARGIN_MS = 250
+"""How long a waiter's queue entry outlives the holder's expiry (its re-check then refreshes it)."""
+MAX_QUEUE = 1000
+"""Waiters beyond this many per lock are not queued: they re-check at the holder's expiry, unordered."""
 
 R = TypeVar("R")
-Outcome = Literal["woken", "timeout", "cancelled"]
+Outcome = Literal["woken", "standby", "timeout", "cancelled"]
 
 
 @dataclass(frozen=True)
 class Send:
     calls: tuple[Call, ...]
     idempotent: bool
+    quiet: bool = False
+    """Best-effort cleanup: a failure is ignored (what it would remove expires on its own)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +109,16 @@ def _left(clock: Clock, deadline: float | None) -> float | None:
     return None if deadline is None else deadline - clock()
 
 
+def release_call(keys: LockKeys, token: str | None) -> Call:
+    """The single-node release: hand the lock to the first live waiter, else delete it and wake everyone."""
+    script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
+    return Call(script, (keys.lock, keys.queue, keys.alive), (token or "", keys.channel, CLAIM_MS))
+
+
+def leave_call(keys: LockKeys, wid: str) -> Call:
+    return Call(LEAVE, (keys.lock, keys.queue, keys.alive), (wid, keys.channel, CLAIM_MS))
+
+
 def acquire_flow(
     keys: LockKeys,
     token: str,
@@ -92,10 +126,17 @@ def acquire_flow(
     deadline: float | None,
     clock: Clock,
     label: str,
+    wid: str,
     min_replicas: int = 0,
     replica_timeout: float = 0.1,
 ) -> Flow[Grant | None]:
-    calls: tuple[Call, ...] = (Call(ACQUIRE, (keys.lock, keys.fence), (token, ms(ttl))),)
+    queued = deadline is None or deadline > clock()  # only a waiter that will wait joins the queue
+    take = Call(
+        FAIR_ACQUIRE,
+        (keys.lock, keys.fence, keys.queue, keys.alive),
+        (token, ms(ttl), wid if queued else "", MARGIN_MS, MAX_QUEUE),
+    )
+    calls: tuple[Call, ...] = (take,)
     if min_replicas:
         calls += (Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))),)
     watching = False
@@ -105,7 +146,7 @@ def acquire_flow(
         taken, value = checked(replies[0], label, "acquire")
         if taken:
             if min_replicas and not (isinstance(replies[1], int) and replies[1] >= min_replicas):
-                yield Send((Call(RELEASE, (keys.lock,), (token, keys.channel)),), True)
+                yield Send((release_call(keys, token),), True)
                 raise BackendUnavailable(
                     f"redis {label}: only {replies[1]} of the {min_replicas} replicas required by min_replicas "
                     "acknowledged the lock within replica_timeout; the lock was released again"
@@ -113,14 +154,22 @@ def acquire_flow(
             return Grant(int(value), ttl, sent_at)
         left = _left(clock, deadline)
         if left is not None and left <= 0:
-            return None
+            break
         if not watching:
-            yield Watch()
             watching = True
-            continue  # a release may have come before the subscription: try again before sleeping
+            if (yield Watch()):
+                continue  # a release may have come before the subscription: try again before sleeping
         wait = recheck_after(int(value), ttl)
-        if (yield Wait(wait if left is None else min(wait, left))) == "cancelled":
-            return None
+        outcome = yield Wait(wait if left is None else min(wait, left))
+        while outcome == "standby":  # next in line: if the head died, its reservation lapses within CLAIM_MS
+            left = _left(clock, deadline)
+            wait = recheck_after(CLAIM_MS, CLAIM_MS / 1000)
+            outcome = yield Wait(wait if left is None else max(0.0, min(wait, left)))
+        if outcome == "cancelled":
+            break
+    if queued:
+        yield Send((leave_call(keys, wid),), True, quiet=True)
+    return None
 
 
 def redlock_acquire_flow(
@@ -153,11 +202,11 @@ def redlock_acquire_flow(
             return None
         if tally.free_in <= 0:  # nobody holds a quorum (a split vote): retry after a random delay
             wait = _rng.uniform(0, retry_delay)
-        elif not watching:
-            yield Watch()
-            watching = True
-            continue
         else:
+            if not watching:
+                watching = True
+                if (yield Watch()):
+                    continue
             wait = tally.free_in + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * tally.free_in))
         if (yield Wait(wait if left is None else min(wait, left))) == "cancelled":
             return None

@@ -4,11 +4,19 @@ A :class:`Hub` runs on an event loop: the caller's loop for the asyncio drivers,
 and for the blocking drivers one background thread (:class:`LoopThread`, started
 at the first contended acquire) that runs the same code. A waiter registers a
 ``wake`` callable for its lock's channel; the hub subscribes the channel (once,
-however many waiters share it) and calls every ``wake`` of that channel when a
-release publishes. A channel stays subscribed for :data:`LINGER` seconds after
-its last waiter leaves, so a hot lock does not pay SUBSCRIBE/UNSUBSCRIBE on
-every hand-off. If the pub/sub connection breaks, every waiter is woken (it
-re-checks; a release may have been missed) and the hub reconnects with backoff.
+however many waiters share it) and calls every ``wake`` of that channel with the
+message when a release publishes (a fair release names the one waiter it is
+for; an empty message is for everyone). A channel stays subscribed for
+:data:`LINGER` seconds after its last waiter leaves, so a hot lock does not pay
+SUBSCRIBE/UNSUBSCRIBE on every hand-off, and a waiter that registers while the
+channel is live and silent since its last attempt (:meth:`Hub.snapshot`) needs
+no second attempt before sleeping. If the pub/sub connection breaks, every
+waiter is woken (it re-checks; a release may have been missed) and the hub
+reconnects with backoff. A connection that went silent is found by a health
+check: after ``health_check_interval`` seconds without traffic the hub sends a
+PING, and if nothing comes back within ``timeout`` it drops the connection
+(waking everyone) and reconnects, so a half-dead subscriber (a NAT or proxy that
+dropped it silently) is replaced instead of leaving waiters to their timers.
 """
 
 from __future__ import annotations
@@ -19,21 +27,21 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from ..driver import Cancel
 from ._redis_config import NodeSpec
 
-__all__ = ["AsyncWatcher", "Hub", "LoopThread", "SyncWatcher"]
+__all__ = ["Hub", "LoopThread", "Snapshot", "Wake"]
 
 log = logging.getLogger("lockkit")
 T = TypeVar("T")
 LINGER = 2.0
-Wake = Callable[[], None]
+Wake = Callable[[bytes], None]
+Snapshot = tuple[int, int] | None
 
 
 class Hub:
@@ -45,13 +53,20 @@ class Hub:
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
         self._linger: dict[bytes, asyncio.TimerHandle] = {}
         self._conn: Any = None
+        self._generation = 0
+        """Bumped whenever the connection comes or goes: a snapshot across it is void."""
+        self._heard: dict[bytes, int] = {}
+        """Messages received per channel."""
+        self._last_traffic = 0.0
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._closed = False
 
     def _connection(self) -> Any:
         kwargs = self._spec.pool_kwargs(None)
-        for pool_only in ("max_connections", "timeout"):
+        # redis-py's own health check would PING and read a reply inside send_command, racing the reader task
+        # for the next message; the hub checks the connection its own way (_health_check).
+        for pool_only in ("max_connections", "timeout", "health_check_interval"):
             kwargs.pop(pool_only)
         if self._spec.path is not None:
             return redis.asyncio.UnixDomainSocketConnection(**kwargs)
@@ -59,14 +74,48 @@ class Hub:
             return redis.asyncio.SSLConnection(**kwargs)
         return redis.asyncio.Connection(**kwargs)
 
-    async def watch(self, channel: bytes, wake: Wake) -> None:
-        """Register ``wake`` for ``channel``; return once the server confirmed the subscription."""
+    def snapshot(self, channel: bytes) -> Snapshot:
+        """Taken before an attempt (from any thread): ``None`` unless ``channel`` is subscribed right now."""
+        generation = self._generation  # read first: a drop after this read changes it
+        if channel not in self._active:
+            return None
+        return generation, self._heard.get(channel, 0)
+
+    async def watch(self, channel: bytes, wake: Wake, before: Snapshot = None) -> bool:
+        """Register ``wake`` for ``channel``; return once the server confirmed the subscription.
+
+        Returns ``False`` only if the channel was subscribed and silent since ``before`` was taken: then no
+        message can have been missed in between. ``True``: the caller must look again before sleeping.
+        """
+        self._register(channel, wake)
+        return await self._subscribed(channel, before)
+
+    def watch_soon(self, channel: bytes, wake: Wake, before: Snapshot) -> None:
+        """:meth:`watch` for a blocking waiter, scheduled from its thread without waiting for the loop.
+
+        ``wake`` is registered at once (so an ``unwatch`` scheduled after this cannot be overtaken); if the
+        waiter must look again (a message may have slipped past, or the subscription was new), ``wake(b"")``
+        is called once the subscription is confirmed, which is what a blocking round trip would have achieved.
+        """
+        self._register(channel, wake)
+
+        async def confirm() -> None:
+            if await self._subscribed(channel, before):
+                wake(b"")
+
+        self._chore(confirm())
+
+    def _register(self, channel: bytes, wake: Wake) -> None:
         self._waiters.setdefault(channel, set()).add(wake)
         handle = self._linger.pop(channel, None)
         if handle is not None:
             handle.cancel()
-        if channel in self._active or self._closed:
-            return
+
+    async def _subscribed(self, channel: bytes, before: Snapshot) -> bool:
+        if self._closed:
+            return True
+        if channel in self._active:
+            return before is None or before != (self._generation, self._heard.get(channel, 0))
         future = self._confirm.get(channel)
         if future is None:
             future = self._confirm[channel] = asyncio.get_running_loop().create_future()
@@ -79,6 +128,7 @@ class Hub:
         options = self._spec.options
         with contextlib.suppress(asyncio.TimeoutError):  # unconfirmed: the expiry re-check still comes
             await asyncio.wait_for(asyncio.shield(future), options.timeout + options.connect_timeout)
+        return True
 
     def unwatch(self, channel: bytes, wake: Wake) -> None:
         waiters = self._waiters.get(channel)
@@ -94,6 +144,8 @@ class Hub:
             return
         self._waiters.pop(channel, None)
         self._active.discard(channel)
+        self._heard.pop(channel, None)
+        self._generation += 1  # a snapshot taken before this unsubscribe must not match a later subscription
         future = self._confirm.pop(channel, None)
         if future is not None and not future.done():
             future.set_result(None)
@@ -116,32 +168,67 @@ class Hub:
             return
         kind, channel = reply[0], reply[1]
         if kind == b"message":
+            self._heard[channel] = self._heard.get(channel, 0) + 1
+            data = reply[2] if len(reply) > 2 and isinstance(reply[2], bytes) else b""
             for wake in list(self._waiters.get(channel, ())):
-                wake()
+                wake(data)
         elif kind == b"subscribe" and channel in self._sent:
             self._active.add(channel)
             future = self._confirm.pop(channel, None)
             if future is not None and not future.done():
                 future.set_result(None)
 
+    async def _health_check(self, conn: Any) -> None:
+        """PING a connection that has been silent for ``health_check_interval``; drop it if no reply comes."""
+        options = self._spec.options
+        loop = asyncio.get_running_loop()
+        while True:
+            idle = loop.time() - self._last_traffic
+            if idle < options.health_check_interval:
+                await asyncio.sleep(options.health_check_interval - idle)
+                continue
+            pinged = loop.time()
+            with contextlib.suppress(RedisError, OSError):
+                await conn.send_command("PING")
+            await asyncio.sleep(options.timeout)
+            if self._last_traffic < pinged:
+                log.warning(
+                    "lockkit: the pub/sub connection to redis %s did not answer a PING within %g s; reconnecting",
+                    self._spec.label,
+                    options.timeout,
+                )
+                await conn.disconnect(nowait=True)  # the reader fails and the hub reconnects, waking everyone
+                return
+
     async def _run(self) -> None:
         backoff = 0.05
+        loop = asyncio.get_running_loop()
         while not self._closed and self._waiters:
             conn = self._connection()
+            checker: asyncio.Task[None] | None = None
             try:
                 await conn.connect()
                 self._conn = conn
+                self._generation += 1
                 self._sent = set(self._waiters)
                 if self._sent:
                     await conn.send_command("SUBSCRIBE", *self._sent)
                 backoff = 0.05
+                self._last_traffic = loop.time()
+                if self._spec.options.health_check_interval > 0:
+                    checker = loop.create_task(self._health_check(conn))
                 while True:
-                    self._dispatch(await conn.read_response(timeout=math.inf))
+                    reply = await conn.read_response(timeout=math.inf)
+                    self._last_traffic = loop.time()
+                    self._dispatch(reply)
             except (RedisError, OSError) as exc:
                 if not self._closed:
                     log.debug("lockkit: pub/sub connection to redis %s failed: %s", self._spec.label, exc)
             finally:
+                if checker is not None:
+                    checker.cancel()
                 self._conn = None
+                self._generation += 1
                 self._sent.clear()
                 self._active.clear()
                 with contextlib.suppress(Exception):
@@ -152,7 +239,7 @@ class Hub:
             self._confirm.clear()
             for waiters in list(self._waiters.values()):
                 for wake in list(waiters):
-                    wake()  # a release may have been missed while the connection was down
+                    wake(b"")  # a release may have been missed while the connection was down
             await asyncio.sleep(backoff)
             backoff = min(1.0, backoff * 2)
 
@@ -161,6 +248,12 @@ class Hub:
         for handle in self._linger.values():
             handle.cancel()
         self._linger.clear()
+        conn = self._conn
+        if conn is not None:
+            # Close it ourselves and wait: a TLS connection's shutdown needs the loop for a round trip, which a
+            # cancelled reader (redis-py then closes without waiting) would not give it before the loop stops.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.disconnect(), self._spec.options.timeout)
         tasks = [t for t in (self._task, *self._chores) if t is not None]
         for task in tasks:
             task.cancel()
@@ -207,64 +300,3 @@ class LoopThread:
         thread.join(5)
         if not thread.is_alive():
             loop.close()
-
-
-class SyncWatcher:
-    """One blocking waiter: wakes on any hub's message for its channel, a timeout, or a cancel."""
-
-    def __init__(self, loop: LoopThread, hubs: Sequence[Hub], channel: bytes, cancel: Cancel | None) -> None:
-        self._loop, self._hubs, self._channel, self._cancel = loop, hubs, channel, cancel
-        self._event = threading.Event()
-        self._watching = False
-        self._unhook = cancel.on_cancel(self._event.set) if cancel is not None else None
-
-    def watch(self) -> None:
-        self._watching = True
-
-        async def subscribe() -> None:
-            await asyncio.gather(*(hub.watch(self._channel, self._event.set) for hub in self._hubs))
-
-        self._loop.run(subscribe())
-
-    def wait(self, timeout: float | None) -> str:
-        if self._cancel is not None and self._cancel.cancelled:
-            return "cancelled"
-        woken = self._event.wait(timeout)
-        self._event.clear()
-        if self._cancel is not None and self._cancel.cancelled:
-            return "cancelled"
-        return "woken" if woken else "timeout"
-
-    def close(self) -> None:
-        if self._unhook is not None:
-            self._unhook()
-        if self._watching:
-            for hub in self._hubs:
-                self._loop.call(hub.unwatch, self._channel, self._event.set)
-
-
-class AsyncWatcher:
-    """One asyncio waiter (cancellation arrives as CancelledError, not as an outcome)."""
-
-    def __init__(self, hubs: Sequence[Hub], channel: bytes) -> None:
-        self._hubs, self._channel = hubs, channel
-        self._event = asyncio.Event()
-        self._watching = False
-
-    async def watch(self) -> None:
-        self._watching = True
-        await asyncio.gather(*(hub.watch(self._channel, self._event.set) for hub in self._hubs))
-
-    async def wait(self, timeout: float | None) -> str:
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-            woken = True
-        except asyncio.TimeoutError:
-            woken = False
-        self._event.clear()
-        return "woken" if woken else "timeout"
-
-    def close(self) -> None:
-        if self._watching:
-            for hub in self._hubs:
-                hub.unwatch(self._channel, self._event.set)

@@ -5,8 +5,15 @@ With the default prefix ``lockkit:`` the lock named ``N`` uses::
     lockkit:{E}         the lock: a string holding the holder's token, with a PX expiry
     lockkit:{E}:fence   the fencing counter (INCR on every grant; never expires)
     lockkit:{E}:wake    the pub/sub channel a release publishes to
+    lockkit:{E}:queue   redis:// only: waiter ids in arrival order (a list)
+    lockkit:{E}:alive   redis:// only: waiter id → alive-until in server ms (a sorted set)
 
-where ``E`` is the name's UTF-8 text with exactly three characters escaped:
+and the presence group ``G`` (see :mod:`._redis_presence`) uses::
+
+    lockkit:presence:{E}         hash: member → value
+    lockkit:presence:{E}:expiry  sorted set: member → expiry in server milliseconds (+inf: permanent)
+
+where ``E`` is the name's (or group's) UTF-8 text with exactly three characters escaped:
 ``%`` → ``%25``, ``{`` → ``%7B``, ``}`` → ``%7D``. The escaping keeps the map
 injective and makes ``{E}`` the Redis Cluster hash tag of every key of one lock
 (a ``}`` inside the name would otherwise end the tag early, and an empty tag
@@ -16,11 +23,12 @@ prefix must not contain ``{`` or ``}``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_PREFIX", "LockKeys", "check_prefix", "lock_keys"]
+__all__ = ["DEFAULT_PREFIX", "LockKeys", "check_prefix", "lock_keys", "presence_keys"]
 
 DEFAULT_PREFIX = "lockkit:"
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
@@ -31,6 +39,8 @@ class LockKeys:
     lock: bytes
     fence: bytes
     channel: bytes
+    queue: bytes
+    alive: bytes
 
 
 def check_prefix(prefix: str) -> str:
@@ -39,6 +49,14 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a renewal round maps thousands of the same names every ttl/3
 def lock_keys(prefix: str, name: str) -> LockKeys:
     base = f"{prefix}{{{name.translate(_ESCAPES)}}}".encode()
-    return LockKeys(base, base + b":fence", base + b":wake")
+    return LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive")
+
+
+def presence_keys(prefix: str, group: str) -> tuple[bytes, bytes]:
+    """The record hash and expiry set of a presence group (never equal to a lock's key: no ``{`` after the
+    prefix)."""
+    base = f"{prefix}presence:{{{group.translate(_ESCAPES)}}}".encode()
+    return base, base + b":expiry"

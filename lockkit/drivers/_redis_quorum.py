@@ -83,10 +83,10 @@ def tally_renew(
     renewed = reached = 0
     for node, result in enumerate(results):
         reply = _reply(result, index)
-        if not isinstance(reply, list):
+        if not isinstance(reply, int):
             continue
         reached += 1
-        if reply[0] != 1:
+        if reply < 0:  # RENEW's "not ours"
             continue
         if acquired_epochs is not None and acquired_epochs[node] != result.epoch:
             continue  # this master restarted since we won it: its "yes" may come from a reborn key

@@ -17,7 +17,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ACQUIRE", "ALL", "FORCE_RELEASE", "HOLDER", "RELEASE", "RENEW", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "ALL",
+    "ANNOUNCE",
+    "FORCE_RELEASE",
+    "HOLDER",
+    "MEMBERS",
+    "RELEASE",
+    "RENEW",
+    "WITHDRAW",
+    "Script",
+]
 
 
 @dataclass(frozen=True)
@@ -46,16 +57,17 @@ return {0, redis.call('pttl', KEYS[1])}
 
 # KEYS[1] lock key; KEYS[2] (optional) fencing counter
 # ARGV[1] token; ARGV[2] TTL in milliseconds
-# -> {1, fence} if the key still held our token (its TTL is now ARGV[2]); {0, 0} otherwise
+# -> the fence (0 without KEYS[2]) if the key still held our token (its TTL is now ARGV[2]); -1 otherwise.
+#    One integer, not an array: a renewal round parses thousands of these replies.
 RENEW = Script(
     "renew",
     """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[2])
-  if KEYS[2] then return {1, tonumber(redis.call('get', KEYS[2]) or '0')} end
-  return {1, 0}
+  if KEYS[2] then return tonumber(redis.call('get', KEYS[2]) or '0') end
+  return 0
 end
-return {0, 0}
+return -1
 """,
 )
 
@@ -99,4 +111,222 @@ return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), fence}
 """,
 )
 
-ALL = (ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, HOLDER)
+# -- presence records (lockkit.driver.Presence): expiry counted on the server's own clock (TIME) -----------
+# Scripts calling TIME are safe to replicate: Redis ≥ 5 replicates a script's effects, not the script.
+
+_NOW_AND_PRUNE = """
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('zrangebyscore', KEYS[2], '-inf', now)
+for i = 1, #dead do redis.call('hdel', KEYS[1], dead[i]) end
+if #dead > 0 then redis.call('zremrangebyscore', KEYS[2], '-inf', now) end
+"""
+
+# KEYS[1] records (hash member -> value); KEYS[2] expiries (zset member -> expiry ms on the server clock)
+# ARGV[1] member; ARGV[2] value; ARGV[3] TTL in milliseconds, or '' for a permanent record
+# -> 1. Both keys expire with their longest-lived record, so an abandoned group leaves nothing behind.
+ANNOUNCE = Script(
+    "announce",
+    _NOW_AND_PRUNE
+    + """
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[3] == '' then
+  redis.call('zadd', KEYS[2], '+inf', ARGV[1])
+else
+  redis.call('zadd', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+end
+local last = redis.call('zrange', KEYS[2], -1, -1, 'WITHSCORES')
+local left = tonumber(last[2])
+if left == math.huge then
+  redis.call('persist', KEYS[1])
+  redis.call('persist', KEYS[2])
+else
+  redis.call('pexpire', KEYS[1], left - now)
+  redis.call('pexpire', KEYS[2], left - now)
+end
+return 1
+""",
+)
+
+# KEYS[1] records; KEYS[2] expiries.  ARGV[1] member.  -> 1 (whether or not the record existed)
+WITHDRAW = Script(
+    "withdraw",
+    """
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('hdel', KEYS[1], ARGV[1])
+return 1
+""",
+)
+
+# KEYS[1] records; KEYS[2] expiries
+# -> {member, value, ms left (-1: permanent), member, value, ms left, ...} for live records (dead ones pruned)
+MEMBERS = Script(
+    "members",
+    _NOW_AND_PRUNE
+    + """
+local live = redis.call('zrange', KEYS[2], 0, -1, 'WITHSCORES')
+local out = {}
+for i = 1, #live, 2 do
+  local value = redis.call('hget', KEYS[1], live[i])
+  if value then
+    local expiry = tonumber(live[i + 1])
+    out[#out + 1] = live[i]
+    out[#out + 1] = value
+    out[#out + 1] = expiry == math.huge and -1 or math.floor(expiry - now)
+  end
+end
+return out
+""",
+)
+
+# -- fair (FIFO) waiting, single-node driver ----------------------------------------------------------------
+# A lock's waiters queue in a list (arrival order) with a sorted set of waiter id -> "alive until" (server ms).
+# A waiter's entry lives until the holder's expiry plus a margin and is refreshed by the waiter's one re-check
+# at that expiry, so an entry whose waiter died lapses on its own. While the lock is free and an older live
+# waiter is queued, newcomers are refused. A release hands the lock to the head waiter as a *reservation*: the
+# lock key holds "~" .. waiter id for a short claim window (PX), which only that waiter's acquire can turn into
+# a real grant; a waiter that died forfeits it when the window lapses, and the next waiter, told to stand by,
+# takes over then. A reservation never equals a token
+# (tokens are hex), so renew and release of an old holder cannot touch it.
+
+_NOW = """
+local function now_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function first_live(queue, alive, skip, now)
+  local head = redis.call('lindex', queue, 0)
+  while head and head ~= skip do
+    if tonumber(redis.call('zscore', alive, head) or '0') > now then return head end
+    redis.call('lpop', queue)
+    redis.call('zrem', alive, head)
+    head = redis.call('lindex', queue, 0)
+  end
+  return head
+end
+"""
+
+# KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset).  ARGV[2] channel; ARGV[3] claim window ms
+_HANDOFF = (
+    _NOW
+    + """
+local function hand_off()
+  local now
+  local head = redis.call('lindex', KEYS[2], 0)
+  if head then
+    now = now_ms()
+    head = first_live(KEYS[2], KEYS[3], false, now)
+  end
+  if head then
+    redis.call('set', KEYS[1], '~' .. head, 'PX', ARGV[3])
+    redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), head)
+    -- "head next": the head claims now; the next one looks again when the claim window lapses, in case
+    -- the head died
+    redis.call('publish', ARGV[2], head .. ' ' .. (redis.call('lindex', KEYS[2], 1) or ''))
+  else
+    redis.call('del', KEYS[1])
+    redis.call('publish', ARGV[2], '')
+  end
+end
+"""
+)
+
+# KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] queue; KEYS[4] alive-until
+# ARGV[1] token; ARGV[2] TTL ms; ARGV[3] waiter id ('' = one attempt, do not queue); ARGV[4] entry margin ms;
+# ARGV[5] queue bound
+# -> {1, fence} if taken; {0, ms until the blocker lapses (-1: a key without expiry)} otherwise, and then the
+#    waiter is queued (or its entry refreshed)
+FAIR_ACQUIRE = Script(
+    "fair_acquire",
+    _NOW
+    + """
+local wid = ARGV[3]
+local head = redis.call('lindex', KEYS[3], 0)
+if not head and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then  -- the uncontended path
+  return {1, redis.call('incr', KEYS[2])}
+end
+local cur = redis.call('get', KEYS[1])
+local now
+if head and head ~= wid and not cur then
+  now = now_ms()
+  head = first_live(KEYS[3], KEYS[4], wid, now)
+end
+if (not cur and (not head or head == wid)) or (wid ~= '' and cur == '~' .. wid) then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if head and redis.call('zrem', KEYS[4], wid) == 1 then redis.call('lrem', KEYS[3], 1, wid) end
+  return {1, redis.call('incr', KEYS[2])}
+end
+local wait
+if cur then
+  wait = redis.call('pttl', KEYS[1])
+else
+  wait = tonumber(redis.call('zscore', KEYS[4], head)) - now
+end
+if wid ~= '' then
+  now = now or now_ms()
+  local life = (wait >= 0 and wait or tonumber(ARGV[2])) + tonumber(ARGV[4])
+  local queued = redis.call('zscore', KEYS[4], wid)
+  if queued or redis.call('llen', KEYS[3]) < tonumber(ARGV[5]) then
+    if not queued then redis.call('rpush', KEYS[3], wid) end
+    redis.call('zadd', KEYS[4], now + life, wid)
+    if redis.call('pttl', KEYS[3]) < life then
+      redis.call('pexpire', KEYS[3], life)
+      redis.call('pexpire', KEYS[4], life)
+    end
+  end
+end
+return {0, wait}
+""",
+)
+
+# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] token; ARGV[2] channel; ARGV[3] claim window ms
+# -> 1 if the key held our token (handed to the first live waiter, or deleted and everyone woken); 0 otherwise
+FAIR_RELEASE = Script(
+    "fair_release",
+    _HANDOFF
+    + """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+hand_off()
+return 1
+""",
+)
+
+# KEYS/ARGV as FAIR_RELEASE, without a token.  -> 1 if a holder's lock was removed, 0 if free or reserved
+FAIR_FORCE_RELEASE = Script(
+    "fair_force_release",
+    _HANDOFF
+    + """
+local cur = redis.call('get', KEYS[1])
+if not cur then return 0 end
+hand_off()
+return string.sub(cur, 1, 1) == '~' and 0 or 1
+""",
+)
+
+# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] waiter id; ARGV[2] channel; ARGV[3] claim window ms
+# -> 1. A waiter giving up leaves the queue, and passes on a reservation made for it.
+LEAVE = Script(
+    "leave",
+    _HANDOFF
+    + """
+if redis.call('zrem', KEYS[3], ARGV[1]) == 1 then redis.call('lrem', KEYS[2], 1, ARGV[1]) end
+if redis.call('get', KEYS[1]) == '~' .. ARGV[1] then hand_off() end
+return 1
+""",
+)
+
+# KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] alive-until
+# -> {token or reservation or false, pttl, fence or false, live waiters}  (read-only)
+FAIR_HOLDER = Script(
+    "fair_holder",
+    _NOW
+    + """
+return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]),
+        redis.call('zcount', KEYS[3], '(' .. now_ms(), '+inf')}
+""",
+)
+
+ALL = (
+    ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, HOLDER, FAIR_ACQUIRE, FAIR_RELEASE, FAIR_FORCE_RELEASE, LEAVE,
+    FAIR_HOLDER, ANNOUNCE, WITHDRAW, MEMBERS,
+)  # fmt: skip

@@ -15,16 +15,27 @@ evict lock keys), ``db`` (for unix://).
 
 **Keys** (:mod:`._redis_keys`): ``{prefix}{<name>}`` holds the holder's token
 with a PX expiry, ``…:fence`` the fencing counter, ``…:wake`` is the pub/sub
-channel; ``{``, ``}`` and ``%`` in names are percent-escaped so that every key of
-a lock shares one Redis Cluster hash tag.
+channel, ``…:queue`` and ``…:alive`` the waiter queue; ``{``, ``}`` and ``%`` in
+names are percent-escaped so that every key of a lock shares one Redis Cluster
+hash tag. Presence records (for ``migrate``) live under ``{prefix}presence:``.
 
 **Operations** are one Lua script each (:mod:`._redis_scripts`), called by SHA:
-acquire = ``SET NX PX`` + ``INCR`` of the fence, one round trip, returning the
-holder's PTTL when it fails; renew = compare-and-``PEXPIRE``; release =
-compare-and-``DEL`` + ``PUBLISH``. ``renew_many`` is one pipeline per round.
-Waiters sleep on one shared pub/sub connection (:mod:`._redis_hub`) and re-check
-once at the holder's expiry. A connection error is retried once on a fresh
-connection for renew and release, never for acquire.
+acquire takes a free lock (``SET PX`` + ``INCR`` of the fence, one round trip)
+or returns the holder's PTTL and queues the waiter; renew = compare-and-
+``PEXPIRE``; release = compare, then hand the lock to the first live queued
+waiter as a short reservation and wake only it (``PUBLISH`` of its id), or
+delete it. ``renew_many`` is one pipeline per round. Waiters sleep on one
+shared pub/sub connection (:mod:`._redis_hub`) and re-check once at the holder's
+expiry. A connection error is retried once on a fresh connection for renew and
+release, never for acquire.
+
+**Fair waiting.** Waiters are served in arrival order: while the lock is free
+and an older live waiter is queued, a newcomer (including the process that just
+released) is refused, so a releasing process cannot take the lock straight back.
+A waiter's queue entry lapses 250 ms after the holder's expiry unless its
+re-check refreshes it, and a reservation lapses after 250 ms unless claimed, so
+a waiter that died delays the lock by at most that once; it never blocks it.
+At most 1,000 waiters per lock queue; more wait unordered.
 
 **Guarantees and their limits.** One server decides, so the lock is exactly as
 safe as that server: Redis replicates asynchronously, so a failover can lose a
@@ -43,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -53,17 +65,32 @@ from ..errors import BackendUnavailable
 from ..lease import token_hint
 from ..urls import BackendURL
 from ._redis_config import NodeSpec, RedisOptions, redis_nodes
-from ._redis_flow import Flow, Op, Send, Wait, Watch, acquire_flow, adrive, checked, drive, ms
-from ._redis_hub import AsyncWatcher, Hub, LoopThread, SyncWatcher
+from ._redis_flow import (
+    Flow,
+    Op,
+    Send,
+    Wait,
+    Watch,
+    acquire_flow,
+    adrive,
+    checked,
+    drive,
+    leave_call,
+    ms,
+    release_call,
+)  # fmt: skip
+from ._redis_hub import Hub, LoopThread
 from ._redis_keys import LockKeys, lock_keys
 from ._redis_node import AsyncNode, Call, SyncNode
-from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
+from ._redis_scripts import FAIR_HOLDER, RENEW
+from ._redis_watch import AsyncWatcher, SyncWatcher
 
 __all__ = ["AsyncRedisDriver", "RedisDriver"]
 
 GUARANTEES = Guarantees(
     scope="single-node",
-    fifo=False,
+    fifo=True,
     fencing="strict",
     survives_failover=False,
     lifetime="ttl",
@@ -85,16 +112,10 @@ class _Shared:
     def keys(self, name: str) -> LockKeys:
         return lock_keys(self.options.prefix, name)
 
-    def flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[Grant | None]:
+    def flow(self, name: str, token: str, ttl: float, deadline: float | None, wid: str) -> Flow[Grant | None]:
+        o = self.options
         return acquire_flow(
-            self.keys(name),
-            token,
-            ttl,
-            deadline,
-            self.clock,
-            self.spec.label,
-            self.options.min_replicas,
-            self.options.replica_timeout,
+            self.keys(name), token, ttl, deadline, self.clock, self.spec.label, wid, o.min_replicas, o.replica_timeout
         )
 
     def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
@@ -106,29 +127,34 @@ class _Shared:
         results: list[Grant | Exception | None] = []
         for request, reply in zip(requests, replies, strict=False):
             try:
-                ok, fence = checked(reply, self.spec.label, "renew")
+                fence = checked(reply, self.spec.label, "renew")
             except BackendUnavailable as exc:
                 results.append(exc)
                 continue
-            results.append(Grant(int(fence), request.ttl, sent_at) if ok == 1 else None)
+            results.append(Grant(fence, request.ttl, sent_at) if fence >= 0 else None)
         return results
 
     def release_call(self, name: str, token: str | None) -> Call:
+        return release_call(self.keys(name), token)
+
+    def undo_calls(self, name: str, token: str, wid: str) -> list[Call]:
+        """After a cancelled acquire: release what the script may have granted, and leave the queue."""
         keys = self.keys(name)
-        if token is None:
-            return Call(FORCE_RELEASE, (keys.lock,), (keys.channel,))
-        return Call(RELEASE, (keys.lock,), (token, keys.channel))
+        return [release_call(keys, token), leave_call(keys, wid)]
 
     def holder_call(self, name: str) -> Call:
         keys = self.keys(name)
-        return Call(HOLDER, (keys.lock, keys.fence))
+        return Call(FAIR_HOLDER, (keys.lock, keys.fence, keys.alive))
+
+    def members(self, reply: Any) -> dict[str, str]:
+        return merge_members([parse_members(reply, self.spec.label)])
 
     def holder_info(self, reply: Any) -> HolderInfo:
-        token, pttl, fence = checked(reply, self.spec.label, "holder")
-        if token is None:
-            return HolderInfo(False)
+        token, pttl, fence, waiters = checked(reply, self.spec.label, "holder")
+        if token is None or token.startswith(b"~"):  # free, or reserved for the first waiter
+            return HolderInfo(False, waiters=waiters)
         ttl_left = pttl / 1000 if pttl >= 0 else None
-        return HolderInfo(True, token_hint(token.decode()), int(fence) if fence else None, ttl_left)
+        return HolderInfo(True, token_hint(token.decode()), int(fence) if fence else None, ttl_left, waiters)
 
 
 class RedisDriver:
@@ -138,7 +164,7 @@ class RedisDriver:
         self._shared = _Shared(spec, options, ctx)
         self._node = SyncNode(spec)
         self._loop = LoopThread("lockkit-redis-pubsub")
-        self._hub: Hub | None = None
+        self._hub = Hub(spec)  # no I/O until the first wait; made here so that racing threads share one
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> RedisDriver:
@@ -157,28 +183,28 @@ class RedisDriver:
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
-        watcher: SyncWatcher | None = None
+        if cancel is not None and cancel.cancelled:
+            return None
+        wid = secrets.token_hex(8)
+        watcher = SyncWatcher(self._loop, [self._hub], self._shared.keys(name).channel, cancel, wid)
 
         def perform(op: Op) -> Any:
-            nonlocal watcher
             if isinstance(op, Send):
-                return self._run(op.calls, op.idempotent)
-            if watcher is None:
-                if self._hub is None:
-                    self._hub = Hub(self._node.spec)
-                watcher = SyncWatcher(self._loop, [self._hub], self._shared.keys(name).channel, cancel)
+                try:
+                    return self._run(op.calls, op.idempotent)
+                except BackendUnavailable:
+                    if op.quiet:
+                        return None
+                    raise
             if isinstance(op, Watch):
                 return watcher.watch()
             assert isinstance(op, Wait)
             return watcher.wait(op.timeout)
 
-        if cancel is not None and cancel.cancelled:
-            return None
         try:
-            return drive(self._shared.flow(name, token, ttl, deadline), perform)
+            return drive(self._shared.flow(name, token, ttl, deadline, wid), perform)
         finally:
-            if watcher is not None:
-                watcher.close()
+            watcher.close()
 
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         result = self.renew_many([RenewRequest(name, token, ttl)])[0]
@@ -204,11 +230,22 @@ class RedisDriver:
     def holder(self, name: str) -> HolderInfo:
         return self._shared.holder_info(self._run([self._shared.holder_call(name)], True)[0])
 
+    def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        call = announce_call(self._shared.options.prefix, group, member, value, ttl)
+        checked(self._run([call], True)[0], self._node.spec.label, "announce")
+
+    def withdraw(self, group: str, member: str) -> None:
+        call = withdraw_call(self._shared.options.prefix, group, member)
+        checked(self._run([call], True)[0], self._node.spec.label, "withdraw")
+
+    def members(self, group: str) -> dict[str, str]:
+        return self._shared.members(self._run([members_call(self._shared.options.prefix, group)], True)[0])
+
     def ping(self) -> None:
         checked(self._run([Call(None, (), ("PING",))], True)[0], self._node.spec.label, "ping")
 
     def close(self) -> None:
-        if self._hub is not None and self._loop.started:
+        if self._loop.started:
             self._loop.run(self._hub.close())
         self._loop.stop()
         self._node.close()
@@ -225,7 +262,7 @@ class AsyncRedisDriver:
     def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
         self._shared = _Shared(spec, options, ctx)
         self._node = AsyncNode(spec)
-        self._hub: Hub | None = None
+        self._hub = Hub(spec)  # no I/O until the first wait; made here so that racing threads share one
         self._cleanups: set[asyncio.Task[Any]] = set()
 
     async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
@@ -235,36 +272,36 @@ class AsyncRedisDriver:
             raise unavailable(self._node.spec.label, exc) from exc
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        watcher: AsyncWatcher | None = None
+        wid = secrets.token_hex(8)
+        watcher = AsyncWatcher([self._hub], self._shared.keys(name).channel, wid)
 
         async def perform(op: Op) -> Any:
-            nonlocal watcher
             if isinstance(op, Send):
-                return await self._run(op.calls, op.idempotent)
-            if watcher is None:
-                if self._hub is None:
-                    self._hub = Hub(self._node.spec)
-                watcher = AsyncWatcher([self._hub], self._shared.keys(name).channel)
+                try:
+                    return await self._run(op.calls, op.idempotent)
+                except BackendUnavailable:
+                    if op.quiet:
+                        return None
+                    raise
             if isinstance(op, Watch):
                 return await watcher.watch()
             assert isinstance(op, Wait)
             return await watcher.wait(op.timeout)
 
         try:
-            return await adrive(self._shared.flow(name, token, ttl, deadline), perform)
+            return await adrive(self._shared.flow(name, token, ttl, deadline, wid), perform)
         except asyncio.CancelledError:
             # The acquire script may have run before the cancel: undo it (owner-checked, so harmless if not).
-            task = asyncio.get_running_loop().create_task(self._undo(name, token))
+            task = asyncio.get_running_loop().create_task(self._undo(name, token, wid))
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
             raise
         finally:
-            if watcher is not None:
-                watcher.close()
+            watcher.close()
 
-    async def _undo(self, name: str, token: str) -> None:
-        with contextlib.suppress(BackendUnavailable):  # the lock then frees when its TTL passes
-            await self.release(name, token)
+    async def _undo(self, name: str, token: str, wid: str) -> None:
+        with contextlib.suppress(BackendUnavailable):  # what is left frees itself (TTL, queue entry expiry)
+            await self._run(self._shared.undo_calls(name, token, wid), True)
 
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         result = (await self.renew_many([RenewRequest(name, token, ttl)]))[0]
@@ -288,14 +325,25 @@ class AsyncRedisDriver:
     async def holder(self, name: str) -> HolderInfo:
         return self._shared.holder_info((await self._run([self._shared.holder_call(name)], True))[0])
 
+    async def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        call = announce_call(self._shared.options.prefix, group, member, value, ttl)
+        checked((await self._run([call], True))[0], self._node.spec.label, "announce")
+
+    async def withdraw(self, group: str, member: str) -> None:
+        call = withdraw_call(self._shared.options.prefix, group, member)
+        checked((await self._run([call], True))[0], self._node.spec.label, "withdraw")
+
+    async def members(self, group: str) -> dict[str, str]:
+        reply = (await self._run([members_call(self._shared.options.prefix, group)], True))[0]
+        return self._shared.members(reply)
+
     async def ping(self) -> None:
         checked((await self._run([Call(None, (), ("PING",))], True))[0], self._node.spec.label, "ping")
 
     async def close(self) -> None:
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
-        if self._hub is not None:
-            await self._hub.close()
+        await self._hub.close()
         await self._node.close()
 
     def __repr__(self) -> str:

@@ -25,7 +25,12 @@ counter max is not monotonic across quorums, and a max-register read and written
 can hand the *same* token to two clients in exactly the overlap that fencing exists for
 (Kleppmann's objection), so ``fencing_token`` is always 0 and the guarantees say
 ``fencing="none"``. Use etcd or ZooKeeper where correctness needs fencing. Replicas given as
-masters are not detected.
+masters are not detected. Waiting is not FIFO (per-master queues could disagree on
+the head and split the vote): a release wakes every waiter of the lock.
+
+**Presence records** (for ``migrate``, :mod:`._redis_presence`): an announce or
+withdraw goes to every master and stands once a majority applied it; ``members``
+is the union of the live records read from at least a majority.
 """
 
 from __future__ import annotations
@@ -45,11 +50,13 @@ from ..lease import token_hint
 from ..urls import BackendURL
 from ._redis_config import NodeSpec, RedlockOptions, redlock_nodes
 from ._redis_flow import Flow, Op, Send, Wait, Watch, adrive, drive, ms, redlock_acquire_flow
-from ._redis_hub import AsyncWatcher, Hub, LoopThread, SyncWatcher
+from ._redis_hub import Hub, LoopThread
 from ._redis_keys import lock_keys
 from ._redis_node import AsyncNode, Call, SyncNode
+from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ._redis_quorum import NodeResult, count_ok, quorum, tally_renew
 from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+from ._redis_watch import AsyncWatcher, SyncWatcher
 
 __all__ = ["AsyncRedlockDriver", "RedlockDriver"]
 
@@ -125,6 +132,21 @@ class _Shared:
             return ok >= self.need
         return ok > 0
 
+    def written(self, results: list[NodeResult], what: str) -> None:
+        """A presence write stands once a majority of masters applied it."""
+        if count_ok(results)[0] < self.need:
+            raise self.unreachable(results, 0, what)
+
+    def members(self, results: list[NodeResult]) -> dict[str, str]:
+        views = [
+            parse_members(r.replies[0], spec.label)
+            for r, spec in zip(results, self.specs, strict=True)
+            if not isinstance(r.replies, BaseException) and isinstance(r.replies[0], list)
+        ]
+        if len(views) < self.need:
+            raise self.unreachable(results, 0, "members")
+        return merge_members(views)
+
     def holder_call(self, name: str) -> Call:
         return Call(HOLDER, (lock_keys(self.options.prefix, name).lock,))
 
@@ -154,7 +176,7 @@ class RedlockDriver:
         self._shared = _Shared(specs, options, ctx)
         self._nodes = [SyncNode(spec) for spec in specs]
         self._loop = LoopThread("lockkit-redlock-pubsub")
-        self._hubs: list[Hub] = []
+        self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> RedlockDriver:
@@ -191,29 +213,23 @@ class RedlockDriver:
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
-        watcher: SyncWatcher | None = None
+        if cancel is not None and cancel.cancelled:
+            return None
+        channel = lock_keys(self._shared.options.prefix, name).channel
+        watcher = SyncWatcher(self._loop, self._hubs, channel, cancel)  # before the first attempt: its snapshot
 
         def perform(op: Op) -> Any:
-            nonlocal watcher
             if isinstance(op, Send):
                 return self._fan_out(op.calls, op.idempotent)
-            if watcher is None:
-                if not self._hubs:
-                    self._hubs = [Hub(spec) for spec in self._shared.specs]
-                channel = lock_keys(self._shared.options.prefix, name).channel
-                watcher = SyncWatcher(self._loop, self._hubs, channel, cancel)
             if isinstance(op, Watch):
                 return watcher.watch()
             assert isinstance(op, Wait)
             return watcher.wait(op.timeout)
 
-        if cancel is not None and cancel.cancelled:
-            return None
         try:
             return self._shared.granted(token, drive(self._shared.flow(name, token, ttl, deadline), perform))
         finally:
-            if watcher is not None:
-                watcher.close()
+            watcher.close()
 
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         result = self.renew_many([RenewRequest(name, token, ttl)])[0]
@@ -235,13 +251,24 @@ class RedlockDriver:
     def holder(self, name: str) -> HolderInfo:
         return self._shared.holder_info(self._fan_out([self._shared.holder_call(name)], True))
 
+    def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        call = announce_call(self._shared.options.prefix, group, member, value, ttl)
+        self._shared.written(self._fan_out([call], True), "announce")
+
+    def withdraw(self, group: str, member: str) -> None:
+        call = withdraw_call(self._shared.options.prefix, group, member)
+        self._shared.written(self._fan_out([call], True), "withdraw")
+
+    def members(self, group: str) -> dict[str, str]:
+        return self._shared.members(self._fan_out([members_call(self._shared.options.prefix, group)], True))
+
     def ping(self) -> None:
         results = self._fan_out([Call(None, (), ("PING",))], True)
         if sum(not isinstance(r.replies, BaseException) for r in results) < self._shared.need:
             raise self._shared.unreachable(results, 0, "ping")
 
     def close(self) -> None:
-        if self._hubs and self._loop.started:
+        if self._loop.started:
             for hub in self._hubs:
                 self._loop.run(hub.close())
         self._loop.stop()
@@ -260,7 +287,7 @@ class AsyncRedlockDriver:
     def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
         self._shared = _Shared(specs, options, ctx)
         self._nodes = [AsyncNode(spec) for spec in specs]
-        self._hubs: list[Hub] = []
+        self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
         self._cleanups: set[asyncio.Task[Any]] = set()
 
     async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
@@ -288,16 +315,11 @@ class AsyncRedlockDriver:
         return results
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        watcher: AsyncWatcher | None = None
+        watcher = AsyncWatcher(self._hubs, lock_keys(self._shared.options.prefix, name).channel)
 
         async def perform(op: Op) -> Any:
-            nonlocal watcher
             if isinstance(op, Send):
                 return await self._fan_out(op.calls, op.idempotent)
-            if watcher is None:
-                if not self._hubs:
-                    self._hubs = [Hub(spec) for spec in self._shared.specs]
-                watcher = AsyncWatcher(self._hubs, lock_keys(self._shared.options.prefix, name).channel)
             if isinstance(op, Watch):
                 return await watcher.watch()
             assert isinstance(op, Wait)
@@ -311,8 +333,7 @@ class AsyncRedlockDriver:
             task.add_done_callback(self._cleanups.discard)
             raise
         finally:
-            if watcher is not None:
-                watcher.close()
+            watcher.close()
 
     async def _undo(self, name: str, token: str) -> None:
         with contextlib.suppress(BackendUnavailable):
@@ -337,6 +358,17 @@ class AsyncRedlockDriver:
 
     async def holder(self, name: str) -> HolderInfo:
         return self._shared.holder_info(await self._fan_out([self._shared.holder_call(name)], True))
+
+    async def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        call = announce_call(self._shared.options.prefix, group, member, value, ttl)
+        self._shared.written(await self._fan_out([call], True), "announce")
+
+    async def withdraw(self, group: str, member: str) -> None:
+        call = withdraw_call(self._shared.options.prefix, group, member)
+        self._shared.written(await self._fan_out([call], True), "withdraw")
+
+    async def members(self, group: str) -> dict[str, str]:
+        return self._shared.members(await self._fan_out([members_call(self._shared.options.prefix, group)], True))
 
     async def ping(self) -> None:
         results = await self._fan_out([Call(None, (), ("PING",))], True)

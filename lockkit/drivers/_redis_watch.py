@@ -1,0 +1,127 @@
+"""Waiters on the hubs' wake-ups (:mod:`._redis_hub`): one per contended acquire, blocking or asyncio.
+
+A watcher is made *before* the acquire's first attempt, so that its snapshot of the hubs predates it
+(see :meth:`._redis_hub.Hub.snapshot`). It wakes on a message for everyone (empty), on a fair hand-off
+naming it as the head ("woken": claim the reservation now), or naming it as the next in line ("standby":
+look again when the head's claim window lapses, in case the head died). Redlock watchers have no waiter
+id and wake on every message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from ..driver import Cancel
+from ._redis_hub import Hub, LoopThread
+
+__all__ = ["AsyncWatcher", "SyncWatcher"]
+
+
+def _for_me(data: bytes, wid: bytes | None) -> bool:
+    """A release for everyone (empty), or one that hands the lock to waiter ``wid`` ("head next")."""
+    return not data or wid is None or data.partition(b" ")[0] == wid
+
+
+def _standby(data: bytes, wid: bytes | None) -> bool:
+    """A hand-off that names ``wid`` as the next in line: look again when the head's claim window lapses."""
+    return wid is not None and bool(data) and data.partition(b" ")[2] == wid
+
+
+class SyncWatcher:
+    """One blocking waiter: wakes on a hub's message for it (or for everyone), a timeout, or a cancel.
+
+    Made before the first attempt, so that its snapshot of the hubs predates that attempt.
+    """
+
+    def __init__(
+        self, loop: LoopThread, hubs: Sequence[Hub], channel: bytes, cancel: Cancel | None, wid: str | None = None
+    ) -> None:
+        self._loop, self._hubs, self._channel, self._cancel = loop, hubs, channel, cancel
+        self._wid = None if wid is None else wid.encode()
+        self._before = [hub.snapshot(channel) for hub in hubs]
+        self._event = threading.Event()
+        self._urgent = False
+        self._watching = False
+        self._unhook = cancel.on_cancel(self._event.set) if cancel is not None else None
+
+    def _message(self, data: bytes) -> None:
+        if _for_me(data, self._wid):
+            self._urgent = True
+            self._event.set()
+        elif _standby(data, self._wid):
+            self._event.set()
+
+    def watch(self) -> bool:
+        """Subscribe without a round trip to the loop thread: the hub wakes us if we must look again."""
+        self._watching = True
+        for hub, before in zip(self._hubs, self._before, strict=True):
+            self._loop.call(hub.watch_soon, self._channel, self._message, before)
+        return False
+
+    def wait(self, timeout: float | None) -> str:
+        if self._cancel is not None and self._cancel.cancelled:
+            return "cancelled"
+        woken = self._event.wait(timeout)
+        self._event.clear()
+        if self._cancel is not None and self._cancel.cancelled:
+            return "cancelled"
+        return self._outcome(woken)
+
+    def _outcome(self, woken: bool) -> str:
+        outcome = "timeout" if not woken else "woken" if self._urgent else "standby"
+        self._urgent = False
+        return outcome
+
+    def close(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
+        if self._watching:
+            for hub in self._hubs:
+                self._loop.call(hub.unwatch, self._channel, self._message)
+
+
+class AsyncWatcher:
+    """One asyncio waiter (cancellation arrives as CancelledError, not as an outcome)."""
+
+    def __init__(self, hubs: Sequence[Hub], channel: bytes, wid: str | None = None) -> None:
+        self._hubs, self._channel = hubs, channel
+        self._wid = None if wid is None else wid.encode()
+        self._before = [hub.snapshot(channel) for hub in hubs]
+        self._event = asyncio.Event()
+        self._urgent = False
+        self._watching = False
+
+    def _message(self, data: bytes) -> None:
+        if _for_me(data, self._wid):
+            self._urgent = True
+            self._event.set()
+        elif _standby(data, self._wid):
+            self._event.set()
+
+    async def watch(self) -> bool:
+        self._watching = True
+        missed = await asyncio.gather(
+            *(
+                hub.watch(self._channel, self._message, before)
+                for hub, before in zip(self._hubs, self._before, strict=True)
+            )
+        )
+        return any(missed)
+
+    async def wait(self, timeout: float | None) -> str:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+            woken = True
+        except asyncio.TimeoutError:
+            woken = False
+        self._event.clear()
+        outcome = "timeout" if not woken else "woken" if self._urgent else "standby"
+        self._urgent = False
+        return outcome
+
+    def close(self) -> None:
+        if self._watching:
+            for hub in self._hubs:
+                hub.unwatch(self._channel, self._message)
