@@ -24,6 +24,7 @@ check redis-server have_cmd redis-server
 check zookeeper test -f /usr/share/java/zookeeper.jar
 check etcd-server have_cmd etcd
 check etcd-client have_cmd etcdctl
+check openssl have_cmd openssl   # the TLS tests make a CA and certificates at run time
 # any working JRE will do; install the headless default only if there is none
 if ! have_cmd java >/dev/null 2>&1 || ! java -version >/dev/null 2>&1; then
     missing+=(default-jre-headless)
