@@ -38,9 +38,10 @@ class BenchResult:
     url: str
     uncontended_ms_p50: float
     uncontended_ms_p99: float
-    handoffs_per_s: float
-    fairness: float
-    wait_ms_p99: float
+    handoffs_per_s: float | None
+    """``None`` where processes cannot share the backend (``memory://``)."""
+    fairness: float | None
+    wait_ms_p99: float | None
     renewal_locks: int
     renewal_all_held: bool
     renewal_cpu_s: float
@@ -147,7 +148,11 @@ def run(
     with lockkit.from_config(config) as locks:
         for backend, shown in locks.describe().items():
             lat = uncontended(locks, backend, rounds)
-            rate, fairness, wait_p99 = contention(config, backend, processes, seconds)
+            rate: float | None = None
+            fairness: float | None = None
+            wait_p99: float | None = None
+            if locks.guarantees()[backend].scope != "process":  # processes would not even share memory://
+                rate, fairness, wait_p99 = contention(config, backend, processes, seconds)
             all_held, cpu, threads = renewal(locks, backend, renew_locks, renew_seconds)
             results.append(
                 BenchResult(
@@ -174,9 +179,12 @@ def table(results: list[BenchResult]) -> str:
     lines = [header, "-" * len(header)]
     for r in results:
         renew = f"{r.renewal_locks} {'held' if r.renewal_all_held else 'LOST'} {r.renewal_cpu_s:.2f}cpu-s"
+        rate = "-" if r.handoffs_per_s is None else f"{r.handoffs_per_s:.0f}"
+        fair = "-" if r.fairness is None else f"{r.fairness:.2f}"
+        wait = "-" if r.wait_ms_p99 is None else f"{r.wait_ms_p99:.1f}ms"
         lines.append(
             f"{r.backend:<12}{r.uncontended_ms_p50:>10.2f}ms{r.uncontended_ms_p99:>7.2f}ms"
-            f"{r.handoffs_per_s:>12.0f}{r.fairness:>10.2f}{r.wait_ms_p99:>8.1f}ms{renew:>22}"
+            f"{rate:>12}{fair:>10}{wait:>10}{renew:>22}"
         )
     return "\n".join(lines)
 
@@ -200,8 +208,8 @@ def plot(results: list[BenchResult], path: str) -> None:
     left.set_ylabel("acquire + release (ms)")
     left.set_title("uncontended latency")
     left.legend()
-    right.bar(names, [r.handoffs_per_s for r in results], color="tab:green")
+    right.bar(names, [r.handoffs_per_s or 0.0 for r in results], color="tab:green")
     right.set_ylabel("handoffs / s")
-    right.set_title("4-way contention")
+    right.set_title("contention (processes on one name)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
