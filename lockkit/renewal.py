@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import heapq
 import itertools
 import logging
@@ -36,6 +35,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ._aio import wait_event
 from .driver import Grant, RenewRequest
 from .lease import Lease, LeaseState
 from .metrics import BackendStats
@@ -322,8 +322,7 @@ class AsyncRenewalScheduler:
                 return
             delay = None if wake_at is None else max(0.001, wake_at - self.book.clock())
             self._wakeup.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), delay)
+            await wait_event(self._wakeup, delay)
 
     async def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:

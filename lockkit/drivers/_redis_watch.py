@@ -13,6 +13,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
+from .._aio import wait_event
 from ..driver import Cancel
 from ._redis_hub import Hub, LoopThread
 
@@ -92,6 +93,7 @@ class AsyncWatcher:
         self._event = asyncio.Event()
         self._urgent = False
         self._watching = False
+        self._interrupted = False
 
     def _message(self, data: bytes) -> None:
         if _for_me(data, self._wid):
@@ -111,15 +113,18 @@ class AsyncWatcher:
         return any(missed)
 
     async def wait(self, timeout: float | None) -> str:
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-            woken = True
-        except asyncio.TimeoutError:
-            woken = False
+        woken = await wait_event(self._event, timeout)
         self._event.clear()
+        if self._interrupted:
+            return "cancelled"
         outcome = "timeout" if not woken else "woken" if self._urgent else "standby"
         self._urgent = False
         return outcome
+
+    def interrupt(self) -> None:
+        """End the current or next wait with ``"cancelled"`` (for a shielded acquire whose caller gave up)."""
+        self._interrupted = True
+        self._event.set()
 
     def close(self) -> None:
         if self._watching:

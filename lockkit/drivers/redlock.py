@@ -325,15 +325,29 @@ class AsyncRedlockDriver:
             assert isinstance(op, Wait)
             return await watcher.wait(op.timeout)
 
+        async def attempt() -> Grant | None:
+            try:
+                return self._shared.granted(token, await adrive(self._shared.flow(name, token, ttl, deadline), perform))
+            finally:
+                watcher.close()
+
+        # The flow runs shielded: a cancel in the middle of a fan-out would leave requests sent to some masters
+        # with their replies unread on pooled connections. The caller's cancel interrupts the next wait instead,
+        # and a grant that raced the cancel is undone on every master.
+        inner = asyncio.ensure_future(attempt())
         try:
-            return self._shared.granted(token, await adrive(self._shared.flow(name, token, ttl, deadline), perform))
+            return await asyncio.shield(inner)
         except asyncio.CancelledError:
-            task = asyncio.get_running_loop().create_task(self._undo(name, token))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
+            watcher.interrupt()
+            inner.add_done_callback(lambda done: self._undo_after(done, name, token))
             raise
-        finally:
-            watcher.close()
+
+    def _undo_after(self, done: asyncio.Future[Grant | None], name: str, token: str) -> None:
+        if done.cancelled() or (done.exception() is None and done.result() is None):
+            return
+        task = asyncio.get_running_loop().create_task(self._undo(name, token))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def _undo(self, name: str, token: str) -> None:
         with contextlib.suppress(BackendUnavailable):
