@@ -5,34 +5,39 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed-base
+DEV := $(VENV)/.installed-dev
 
 .PHONY: demo test lint typecheck servers venv bench clean
 
-$(STAMP): pyproject.toml
+$(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e .
+	touch $(BASE)
+
+$(DEV): $(BASE) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(DEV)
 
-venv: $(STAMP)
+venv: $(DEV)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/lockkit demo
 
 servers:
 	bash backends/install.sh
 
-lint: $(STAMP)
-	$(BIN)/ruff check lockkit tests backends benchmarks
+lint: $(DEV)
+	$(BIN)/ruff check lockkit tests backends benchmarks scripts
 
-typecheck: $(STAMP)
+typecheck: $(DEV)
 	$(BIN)/mypy --strict lockkit
 
-test: servers $(STAMP)
+test: servers $(DEV)
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory lint typecheck
 
-bench: servers $(STAMP)
+bench: servers $(DEV)
 	$(BIN)/python -m benchmarks
 
 clean:
