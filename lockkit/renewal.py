@@ -49,6 +49,7 @@ RENEW_FRACTION = 1 / 3
 COALESCE_FRACTION = 0.1
 RETRY_FRACTION = 0.1
 MAX_RETRY_DELAY = 1.0
+IDLE_TICK = 1.0
 
 
 class RenewTarget(Hashable, Protocol):
@@ -268,10 +269,13 @@ class RenewalScheduler:
             with self._cond:
                 batches, expired = self.book.take_due(self.book.clock())
                 if not batches and not expired:
+                    # With nothing due, tick once a second anyway: an acquire then needs to wake this thread
+                    # only if its lease is due sooner, which spares a context switch on almost every acquire.
                     wake_at = self.book.next_wakeup()
-                    delay = None if wake_at is None else max(0.001, wake_at - self.book.clock())
+                    now = self.book.clock()
+                    wake_at = now + IDLE_TICK if wake_at is None else min(wake_at, now + IDLE_TICK)
                     self._planned = wake_at
-                    self._cond.wait(delay)
+                    self._cond.wait(max(0.001, wake_at - now))
                     self._planned = None
                     continue
             self.book.expire(expired)
