@@ -7,7 +7,7 @@
     url = "redis://cache:6379/0"
     [backends.strong]
     url = "etcd://etcd-1:2379,etcd-2:2379"
-    key_prefix = "orders/"          # any other key is a driver option, as in the URL's query
+    prefix = "orders/"              # any other key is a driver option, as in the URL's query
     [routes]                        # first match wins; glob on the lock name
     "payment:*" = "strong"
 
