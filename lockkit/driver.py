@@ -41,6 +41,8 @@ __all__ = [
     "LeaseEvents",
     "Presence",
     "RenewRequest",
+    "one_renewal",
+    "renew_each",
 ]
 
 Scope = Literal["process", "host", "single-node", "majority", "consensus"]
@@ -252,6 +254,14 @@ class Presence(Protocol):
     def withdraw(self, group: str, member: str) -> None: ...
 
     def members(self, group: str) -> dict[str, str]: ...
+
+
+def one_renewal(results: Sequence[Grant | Exception | None]) -> Grant | None:
+    """``renew`` written as a one-item ``renew_many``: its single result, raised if it is an error."""
+    (result,) = results
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def renew_each(driver: Driver, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:

@@ -88,11 +88,7 @@ def test_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert resolve_settings(env={}).backends["default"].url.startswith("file://")
-    assert (
-        str(tmp_path / "state")
-        in resolve_settings(env={"XDG_STATE_HOME": str(tmp_path / "state")}).backends["default"].url
-        or True
-    )
+    assert str(tmp_path / "state") in resolve_settings(env={}).backends["default"].url
     _write(tmp_path, '[backends.a]\nurl = "memory://local"')
     assert resolve_settings(env={}).backends["a"].url == "memory://local"
     other = tmp_path / "other.toml"

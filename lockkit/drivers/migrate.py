@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, cast
 
-from ..driver import Cancel, Driver, DriverContext, Grant, Guarantees, HolderInfo, Presence, RenewRequest
+from ..driver import Cancel, Driver, DriverContext, Grant, Guarantees, HolderInfo, Presence, RenewRequest, one_renewal
 from ..errors import ConfigError, LockError
 
 log = logging.getLogger("lockkit")
@@ -237,10 +237,7 @@ class MigrateDriver:
                 )
 
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
-        (result,) = self.renew_many([RenewRequest(name, token, ttl)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return one_renewal(self.renew_many([RenewRequest(name, token, ttl)]))
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         per_driver = [driver.renew_many(requests) for driver in self._order()]

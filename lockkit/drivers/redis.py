@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
 from ..errors import BackendUnavailable
 from ..lease import token_hint
 from ..urls import BackendURL
@@ -207,10 +207,7 @@ class RedisDriver:
             watcher.close()
 
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
-        result = self.renew_many([RenewRequest(name, token, ttl)])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return one_renewal(self.renew_many([RenewRequest(name, token, ttl)]))
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self._shared.clock()
@@ -304,10 +301,7 @@ class AsyncRedisDriver:
             await self._run(self._shared.undo_calls(name, token, wid), True)
 
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
-        result = (await self.renew_many([RenewRequest(name, token, ttl)]))[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return one_renewal(await self.renew_many([RenewRequest(name, token, ttl)]))
 
     async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self._shared.clock()
