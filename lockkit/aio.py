@@ -88,13 +88,9 @@ class AsyncLock:
         except LockError:
             core.backend.stats.count("errors")
             lease.mark_released()
-            core.finish(lease)
+            core.finish(lease, released=False)
             raise
-        core.finish(lease)
-        if not ok:
-            raise core.release_failed(lease)
-        lease.mark_released()
-        core.backend.stats.count("releases")
+        core.after_release(lease, ok)
 
     async def locked(self) -> bool:
         return (await self._driver().holder(self._core.name)).held

@@ -120,8 +120,7 @@ class LockCore:
         with self.mutex:
             self.lease = lease
         self.backend.track(lease)
-        self.backend.stats.count("acquisitions")
-        self.backend.stats.observe("wait", waited)
+        self.backend.stats.count_and_observe("acquisitions", "wait", waited)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("lockkit: acquired %r token=%s fencing=%d", self.name, token_hint(token), grant.fencing_token)
         return lease
@@ -147,13 +146,24 @@ class LockCore:
             )
         return lease
 
-    def finish(self, lease: Lease) -> None:
-        """Forget a lease that was released or found gone."""
+    def finish(self, lease: Lease, released: bool) -> None:
+        """Forget a lease that was released (counted) or found gone."""
         with self.mutex:
             if self.lease is lease:
                 self.lease = None
         self.backend.forget(lease)
-        self.backend.stats.observe("hold", max(0.0, self.clock() - lease.acquired_at))
+        held = max(0.0, self.clock() - lease.acquired_at)
+        if released:
+            self.backend.stats.count_and_observe("releases", "hold", held)
+        else:
+            self.backend.stats.observe("hold", held)
+
+    def after_release(self, lease: Lease, ok: bool) -> None:
+        """Forget the lease; ``LockNotOwned`` if the server no longer held our token."""
+        self.finish(lease, released=ok)
+        if not ok:
+            raise self.release_failed(lease)
+        lease.mark_released()
 
     def release_failed(self, lease: Lease) -> LockNotOwned:
         lease.mark_lost("the server no longer held our token at release (expired or taken over)")
@@ -269,13 +279,9 @@ class Lock:
         except LockError:
             core.backend.stats.count("errors")
             lease.mark_released()
-            core.finish(lease)
+            core.finish(lease, released=False)
             raise
-        core.finish(lease)
-        if not ok:
-            raise core.release_failed(lease)
-        lease.mark_released()
-        core.backend.stats.count("releases")
+        core.after_release(lease, ok)
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now, as the server sees it (one round trip)."""

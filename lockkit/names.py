@@ -30,15 +30,20 @@ def validate_name(name: object) -> str:
         raise InvalidLockName(f"lock name must be a str, got {type(name).__name__}; decode bytes before passing them")
     if not name:
         raise InvalidLockName("lock name must not be empty")
+    # ASCII, the common case, is one byte per character: no encode on the hot path
+    size = len(name) if name.isascii() else _utf8_size(name)
+    if size > MAX_NAME_BYTES:
+        raise InvalidLockName(f"lock name is {size} UTF-8 bytes; the limit is {MAX_NAME_BYTES}: hash long names first")
+    return name
+
+
+def _utf8_size(name: str) -> int:
     try:
-        size = len(name.encode("utf-8"))
+        return len(name.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise InvalidLockName(
             "lock name is not encodable as UTF-8 (it contains a lone surrogate); pass valid text"
         ) from exc
-    if size > MAX_NAME_BYTES:
-        raise InvalidLockName(f"lock name is {size} UTF-8 bytes; the limit is {MAX_NAME_BYTES}: hash long names first")
-    return name
 
 
 def encode_name(name: str) -> str:

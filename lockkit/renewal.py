@@ -94,9 +94,22 @@ class RenewalBook:
         self._seq = itertools.count()
         self._busy: set[Any] = set()
         self._parked: dict[Any, list[Entry]] = {}
+        # Leases added since the last look: most locks are released long before anything about them is
+        # due, so an add is one dict insert and the entry and heap items are made only if it is still held
+        # when the scheduler next looks (which it does by the lease's first due time; see the schedulers).
+        self._incoming: dict[int, tuple[Lease, Any, float, bool, float | None]] = {}
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + len(self._incoming)
+
+    def _admit(self) -> None:
+        incoming, self._incoming = self._incoming, {}
+        for lease, target, requested_ttl, auto_renew, max_hold in incoming.values():
+            stop = None if max_hold is None else lease.acquired_at + max_hold
+            next_renew = lease.acquired_at + lease.ttl * RENEW_FRACTION
+            entry = Entry(lease, target, requested_ttl, auto_renew, stop, next_renew)
+            self._entries[id(lease)] = entry
+            self._push(entry)
 
     def _item(self, at: float, kind: int, entry: Entry) -> None:
         heapq.heappush(self._heap, (at, next(self._seq), entry.version, kind, entry))
@@ -112,17 +125,17 @@ class RenewalBook:
         return self._entries.get(id(entry.lease)) is entry and entry.version == version
 
     def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
-        stop = None if max_hold is None else lease.acquired_at + max_hold
-        next_renew = lease.acquired_at + lease.ttl * RENEW_FRACTION
-        entry = Entry(lease, target, requested_ttl, auto_renew, stop, next_renew)
-        self._entries[id(lease)] = entry
-        self._push(entry)
+        self._entries.pop(id(lease), None)  # re-added (a new grant for the same object): the old entry is stale
+        self._incoming[id(lease)] = (lease, target, requested_ttl, auto_renew, max_hold)
 
     def remove(self, lease: Lease) -> None:
-        self._entries.pop(id(lease), None)  # its heap items turn stale
+        if self._incoming.pop(id(lease), None) is None:
+            self._entries.pop(id(lease), None)  # its heap items turn stale
 
     def take_due(self, now: float) -> tuple[dict[Any, list[Entry]], list[Entry]]:
         """Mark due entries in flight and return them by target; also the entries past their deadline."""
+        if self._incoming:
+            self._admit()
         batches: dict[Any, list[Entry]] = {}
         expired: list[Entry] = []
         heap = self._heap
@@ -160,6 +173,8 @@ class RenewalBook:
         Renewals waiting for a busy backend are parked, not in the heap: the batch's completion wakes the
         scheduler, and counting them would make it spin while a slow batch runs.
         """
+        if self._incoming:
+            self._admit()
         heap = self._heap
         while heap and not self._live(heap[0][4], heap[0][2]):
             heapq.heappop(heap)
@@ -227,6 +242,8 @@ class RenewalBook:
                 entry.target.stats.count("losses")
 
     def entries(self) -> list[Entry]:
+        if self._incoming:
+            self._admit()
         return list(self._entries.values())
 
 
@@ -349,11 +366,23 @@ _loop_schedulers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Cloc
 def scheduler(clock: Clock) -> RenewalScheduler:
     """The one renewal thread of this process (a new one after ``fork``, which copies no threads)."""
     # Keyed by clock too, so that a test's fake clock never drives real leases' deadlines.
+    last = _last_scheduler
+    if last is not None and last[1] is clock and last[0] == os.getpid():
+        return last[2]  # the hot path: every acquire and release asks, almost always for the same one
+    return _find_scheduler(clock)
+
+
+_last_scheduler: tuple[int, Clock, RenewalScheduler] | None = None
+
+
+def _find_scheduler(clock: Clock) -> RenewalScheduler:
+    global _last_scheduler
     key = (os.getpid(), clock)
     with _process_guard:
         found = _process_schedulers.get(key)
         if found is None:
             found = _process_schedulers[key] = RenewalScheduler(clock)
+        _last_scheduler = (key[0], clock, found)
         return found
 
 

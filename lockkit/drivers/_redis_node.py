@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from ._redis_config import NodeSpec, NodeState, apply_hello, hello_commands
+from ._redis_pool import ConnectionPool
 from ._redis_scripts import Script
 
 __all__ = ["AsyncNode", "Call", "SyncNode"]
@@ -108,20 +109,19 @@ class SyncNode:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
         self.state = NodeState(spec.label, spec.options.strict)
-        self.pool: Any = redis.BlockingConnectionPool(**self._kwargs())  # type: ignore[no-untyped-call]
-
-    def _kwargs(self) -> dict[str, Any]:
-        kwargs = self.spec.pool_kwargs(_mark_fresh)
-        if self.spec.path is not None:
-            kwargs["connection_class"] = redis.UnixDomainSocketConnection
-        elif self.spec.tls:
-            kwargs["connection_class"] = redis.SSLConnection
-        return kwargs
+        kwargs = spec.pool_kwargs(_mark_fresh)
+        size, wait = kwargs.pop("max_connections"), kwargs.pop("timeout")
+        cls: Any = redis.Connection
+        if spec.path is not None:
+            cls = redis.UnixDomainSocketConnection
+        elif spec.tls:
+            cls = redis.SSLConnection
+        self.pool = ConnectionPool(lambda: cls(**kwargs), size, wait)
 
     def send(self, calls: Sequence[Call]) -> Pending:
         if self.state.refused is not None:
             raise self.state.refused
-        conn = self.pool.get_connection()
+        conn = self.pool.get()
         try:
             hello: list[tuple[Any, ...]] = []
             if conn.__dict__.pop("lockkit_fresh", False):

@@ -238,13 +238,17 @@ end
 #    waiter is queued (or its entry refreshed)
 FAIR_ACQUIRE = Script(
     "fair_acquire",
-    _NOW
-    + """
-local wid = ARGV[3]
+    # The uncontended path comes first, before any helper is defined: Lua makes a closure for every
+    # `local function` it passes, which doubled the server time of the script.
+    """
 local head = redis.call('lindex', KEYS[3], 0)
-if not head and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then  -- the uncontended path
+if not head and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('incr', KEYS[2])}
 end
+"""
+    + _NOW
+    + """
+local wid = ARGV[3]
 local cur = redis.call('get', KEYS[1])
 local now
 if head and head ~= wid and not cur then
@@ -283,9 +287,17 @@ return {0, wait}
 # -> 1 if the key held our token (handed to the first live waiter, or deleted and everyone woken); 0 otherwise
 FAIR_RELEASE = Script(
     "fair_release",
-    _HANDOFF
-    + """
+    # As in FAIR_ACQUIRE, the common cases (not ours; nobody queued) end before any helper is defined.
+    """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+if not redis.call('lindex', KEYS[2], 0) then
+  redis.call('del', KEYS[1])
+  redis.call('publish', ARGV[2], '')
+  return 1
+end
+"""
+    + _HANDOFF
+    + """
 hand_off()
 return 1
 """,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._aio import wait_event
 from ..driver import Cancel
@@ -42,20 +42,33 @@ class SyncWatcher:
         self._loop, self._hubs, self._channel, self._cancel = loop, hubs, channel, cancel
         self._wid = None if wid is None else wid.encode()
         self._before = [hub.snapshot(channel) for hub in hubs]
-        self._event = threading.Event()
         self._urgent = False
         self._watching = False
-        self._unhook = cancel.on_cancel(self._event.set) if cancel is not None else None
+        # The event and the cancel hook are made at the first watch or wait: an uncontended acquire
+        # (the common case) never needs them, and they cost more than the snapshot.
+        self._event: threading.Event | None = None
+        self._unhook: Callable[[], None] | None = None
+
+    def _armed(self) -> threading.Event:
+        if self._event is None:
+            self._event = threading.Event()
+            if self._cancel is not None:
+                self._unhook = self._cancel.on_cancel(self._event.set)
+        return self._event
 
     def _message(self, data: bytes) -> None:
+        event = self._event  # armed by watch() before the hub can call this
+        if event is None:
+            return
         if _for_me(data, self._wid):
             self._urgent = True
-            self._event.set()
+            event.set()
         elif _standby(data, self._wid):
-            self._event.set()
+            event.set()
 
     def watch(self) -> bool:
         """Subscribe without a round trip to the loop thread: the hub wakes us if we must look again."""
+        self._armed()
         self._watching = True
         for hub, before in zip(self._hubs, self._before, strict=True):
             self._loop.call(hub.watch_soon, self._channel, self._message, before)
@@ -64,8 +77,11 @@ class SyncWatcher:
     def wait(self, timeout: float | None) -> str:
         if self._cancel is not None and self._cancel.cancelled:
             return "cancelled"
-        woken = self._event.wait(timeout)
-        self._event.clear()
+        event = self._armed()
+        if self._cancel is not None and self._cancel.cancelled:  # cancelled before the hook was in place
+            return "cancelled"
+        woken = event.wait(timeout)
+        event.clear()
         if self._cancel is not None and self._cancel.cancelled:
             return "cancelled"
         return self._outcome(woken)

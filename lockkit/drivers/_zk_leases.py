@@ -112,8 +112,10 @@ class Leases:
                 entry.state = UNCERTAIN
             for entry in self._held.values():
                 entry.armed = False  # kazoo dropped every watch
-        reason = (f"the ZooKeeper connection is suspended; the lock is uncertain until the session reconnects "
-                  f"(it is lost after {timeout:g} s)")
+        reason = (
+            f"the ZooKeeper connection is suspended; the lock is uncertain until the session reconnects "
+            f"(it is lost after {timeout:g} s)"
+        )
         for entry in affected:
             self._events.uncertain(entry.token, reason)
 

@@ -275,9 +275,12 @@ class Session:
         elif sid is not None and sid == self.session_id():
             if not self._warned_timeout and abs(self.timeout - self.options.session_timeout) > 1e-3:
                 self._warned_timeout = True
-                log.warning("lockkit: ZooKeeper granted a session timeout of %g s (requested %g s); locks live as "
-                            "long as the session, so this is their effective ttl", self.timeout,
-                            self.options.session_timeout)
+                log.warning(
+                    "lockkit: ZooKeeper granted a session timeout of %g s (requested %g s); locks live as "
+                    "long as the session, so this is their effective ttl",
+                    self.timeout,
+                    self.options.session_timeout,
+                )
             self.leases.reconnected(sid)
             with self._mutex:
                 orphans, self._orphans = self._orphans, []
