@@ -58,7 +58,7 @@ def test_connection_killed_while_idle_is_replaced_before_use(pool_for: tuple[Con
 
 
 def test_forked_child_never_uses_the_parents_socket(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
-    pool, admin = pool_for
+    pool, _ = pool_for
     conn = pool.get()
     parent_sock = conn._sock
     pool.release(conn)
