@@ -32,7 +32,7 @@ from ._redis_config import NodeSpec, NodeState, apply_hello, hello_commands
 from ._redis_pool import ConnectionPool
 from ._redis_scripts import Script
 
-__all__ = ["AsyncNode", "Call", "SyncNode"]
+__all__ = ["AsyncNode", "Call", "SyncNode", "pack_calls"]
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,8 @@ class SyncNode:
             cls = redis.SSLConnection
         self.pool = ConnectionPool(lambda: cls(**kwargs), size, wait)
 
-    def send(self, calls: Sequence[Call]) -> Pending:
+    def send(self, calls: Sequence[Call], payload: bytes | None = None) -> Pending:
+        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master)."""
         if self.state.refused is not None:
             raise self.state.refused
         conn = self.pool.get()
@@ -130,7 +131,7 @@ class SyncNode:
                     conn.send_packed_command([pack(hello)])
                     apply_hello(self.state, self._read(conn, len(hello), time.monotonic() + self.spec.options.timeout))
                     hello = []
-            conn.send_packed_command([pack(hello) + pack_calls(calls)])
+            conn.send_packed_command([pack(hello) + (payload or pack_calls(calls))])
         except BaseException:
             conn.disconnect()
             self.pool.release(conn)
@@ -202,7 +203,8 @@ class AsyncNode:
             kwargs["connection_class"] = redis.asyncio.SSLConnection
         self.pool: Any = redis.asyncio.BlockingConnectionPool(**kwargs)
 
-    async def send(self, calls: Sequence[Call]) -> Pending:
+    async def send(self, calls: Sequence[Call], payload: bytes | None = None) -> Pending:
+        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master)."""
         if self.state.refused is not None:
             raise self.state.refused
         conn = await self.pool.get_connection()
@@ -215,7 +217,7 @@ class AsyncNode:
                     deadline = time.monotonic() + self.spec.options.timeout
                     apply_hello(self.state, await self._read(conn, len(hello), deadline))
                     hello = []
-            await conn.send_packed_command([pack(hello) + pack_calls(calls)])
+            await conn.send_packed_command([pack(hello) + (payload or pack_calls(calls))])
         except BaseException:
             await conn.disconnect()
             await self.pool.release(conn)

@@ -52,7 +52,7 @@ from ._redis_config import NodeSpec, RedlockOptions, redlock_nodes
 from ._redis_flow import Flow, Op, Send, Wait, Watch, adrive, drive, ms, redlock_acquire_flow
 from ._redis_hub import Hub, LoopThread
 from ._redis_keys import lock_keys
-from ._redis_node import AsyncNode, Call, SyncNode
+from ._redis_node import AsyncNode, Call, SyncNode, pack_calls
 from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ._redis_quorum import NodeResult, count_ok, quorum, tally_renew
 from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
@@ -188,9 +188,10 @@ class RedlockDriver:
 
     def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         pending: list[Any] = []
+        payload = pack_calls(calls)  # the same bytes go to every master
         for node in self._nodes:  # write to every master before reading any reply
             try:
-                pending.append(node.send(calls))
+                pending.append(node.send(calls, payload))
             except (RedisError, OSError) as exc:
                 pending.append(exc)
         deadline = time.monotonic() + self._shared.options.timeout
@@ -289,9 +290,10 @@ class AsyncRedlockDriver:
 
     async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         pending: list[Any] = []
+        payload = pack_calls(calls)
         for node in self._nodes:
             try:
-                pending.append(await node.send(calls))
+                pending.append(await node.send(calls, payload))
             except (RedisError, OSError) as exc:
                 pending.append(exc)
         deadline = time.monotonic() + self._shared.options.timeout
