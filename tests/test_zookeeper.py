@@ -11,7 +11,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,15 +53,6 @@ def open_driver(url: str) -> ZooKeeperDriver:
 @pytest.fixture
 def chroot() -> str:
     return f"/zk-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def raw(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper_server.hosts)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
 
 
 def parent_of(chroot: str, name: str) -> str:
@@ -109,7 +100,10 @@ def test_url_parts_and_no_password_anywhere() -> None:
 
 def test_layout_and_queue_order() -> None:
     assert contenders(["b__lock__0000000010", "junk", "a__lock__0000000002", "c__lock__0000000011"]) == [
-        "a__lock__0000000002", "b__lock__0000000010", "c__lock__0000000011"]
+        "a__lock__0000000002",
+        "b__lock__0000000010",
+        "c__lock__0000000011",
+    ]
     assert sequence("abc__lock__0000000007") == 7 and sequence("__lock__1") is None and sequence("x") is None
     for odd in ["/", ".", "..", "zookeeper", "a/b", "ü", "x" * 512]:
         component = encode_name(odd)
@@ -157,7 +151,7 @@ def test_renew_many_is_one_round_trip_for_many_locks(zookeeper_server: ZooKeeper
 
 
 def test_z5_parent_recreated_fencing_keeps_increasing(
-    zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
 ) -> None:
     url = f"{zookeeper_server.url}{chroot}?session_timeout=2"
     with lockkit.connect(url) as locks, lockkit.connect(url) as other:
@@ -167,9 +161,9 @@ def test_z5_parent_recreated_fencing_keeps_increasing(
         got: list[lockkit.Lease] = []
         waiter = threading.Thread(target=lambda: got.append(other.lock("p", ttl=5).acquire(timeout=10)))
         waiter.start()
-        assert wait_until(lambda: len(kids(raw, parent_of(chroot, "p"))) == 2, 5)
-        wipe = raw.transaction()  # an administrator wipes the name mid-contention, atomically
-        for child in raw.get_children(parent_of(chroot, "p")):
+        assert wait_until(lambda: len(kids(zk_raw, parent_of(chroot, "p"))) == 2, 5)
+        wipe = zk_raw.transaction()  # an administrator wipes the name mid-contention, atomically
+        for child in zk_raw.get_children(parent_of(chroot, "p")):
             wipe.delete(f"{parent_of(chroot, 'p')}/{child}")
         wipe.delete(parent_of(chroot, "p"))
         assert all(result is True for result in wipe.commit())
@@ -179,7 +173,7 @@ def test_z5_parent_recreated_fencing_keeps_increasing(
         assert got[0].fencing_token > old.fencing_token, "czxid must increase across a recreated parent"
         with pytest.raises(LockNotOwned):
             first.release()
-        assert other.holder("p").held and len(raw.get_children(parent_of(chroot, "p"))) == 1
+        assert other.holder("p").held and len(zk_raw.get_children(parent_of(chroot, "p"))) == 1
 
 
 def test_parents_are_containers_that_do_not_leak(fresh_zookeeper: ZooKeeperFactory) -> None:
@@ -201,7 +195,7 @@ def test_parents_are_containers_that_do_not_leak(fresh_zookeeper: ZooKeeperFacto
 
 
 def test_z4_herd_each_release_wakes_exactly_one_waiter(
-    zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
 ) -> None:
     url = f"{zookeeper_server.url}{chroot}?session_timeout=4"
     waiters = 50
@@ -231,13 +225,13 @@ def test_z4_herd_each_release_wakes_exactly_one_waiter(
         threads = [threading.Thread(target=hold, args=(i,)) for i in range(waiters + 1)]
         for i, thread in enumerate(threads):  # queue one by one so the expected FIFO order is known
             thread.start()
-            assert wait_until(lambda n=i + 1: len(kids(raw, parent_of(chroot, "herd"))) == n, 5)
+            assert wait_until(lambda n=i + 1: len(kids(zk_raw, parent_of(chroot, "herd"))) == n, 5)
         assert order == [0]
         herd = parent_of(chroot, "herd")
         assert wait_until(lambda: sum(_watchers_by_path(zookeeper_server, herd).values()) == waiters + 1, 5)
         watches = _watchers_by_path(zookeeper_server, herd)
         print(f"Z-4: {sum(watches.values())} watches on {len(watches)} contender nodes")
-        holder_node = contenders(raw.get_children(parent_of(chroot, "herd")))[0]
+        holder_node = contenders(zk_raw.get_children(parent_of(chroot, "herd")))[0]
         for path, count in watches.items():  # each waiter watches its predecessor; the holder its own node
             assert count <= (2 if path.endswith(holder_node) else 1), (path, count)
         for step in range(5):
@@ -294,8 +288,13 @@ def test_z6_acl_wrong_or_missing_credentials_fail_clearly(zookeeper_server: ZooK
         anonymous = KazooClient(hosts=zookeeper_server.hosts)
         anonymous.start(timeout=10)
         try:
-            node = contenders(owner.backend_for("guarded").driver._session.client().get_children(  # type: ignore[attr-defined]
-                parent_of(chroot, "guarded")))[0]
+            node = contenders(
+                owner.backend_for("guarded")
+                .driver._session.client()
+                .get_children(  # type: ignore[attr-defined]
+                    parent_of(chroot, "guarded")
+                )
+            )[0]
             with pytest.raises(NoAuthError):
                 anonymous.delete(f"{parent_of(chroot, 'guarded')}/{node}")
         finally:
@@ -307,7 +306,7 @@ def test_z6_acl_wrong_or_missing_credentials_fail_clearly(zookeeper_server: ZooK
 
 
 async def test_c8_cancellation_storm_async_leaves_no_node(
-    zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
 ) -> None:
     url = f"{zookeeper_server.url}{chroot}?session_timeout=4"
     async with lockkit.connect_async(url) as locks, lockkit.connect_async(url) as other:
@@ -340,7 +339,7 @@ async def test_c8_cancellation_storm_async_leaves_no_node(
                     break
                 await asyncio.sleep(0.005)
             assert running[0] == 0, f"iteration {i}: a cancelled acquire is still running"
-            assert len(raw.get_children(parent)) == 1, f"iteration {i}: a cancelled acquire leaked its node"
+            assert len(zk_raw.get_children(parent)) == 1, f"iteration {i}: a cancelled acquire leaked its node"
         await holder.release()
         third = other.lock("storm", ttl=5)
         await asyncio.wait_for(third.acquire(), 5)  # no deadlock, no ghost in the queue
@@ -348,7 +347,7 @@ async def test_c8_cancellation_storm_async_leaves_no_node(
 
 
 def test_c8_timeouts_storm_sync_leaves_no_node(
-    zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
 ) -> None:
     url = f"{zookeeper_server.url}{chroot}?session_timeout=4"
     with lockkit.connect(url) as locks, lockkit.connect(url) as other:
@@ -366,8 +365,10 @@ def test_c8_timeouts_storm_sync_leaves_no_node(
             thread.start()
         for thread in threads:
             thread.join(60)
-        assert raw.get_children(parent_of(chroot, "storm")) != [] and len(
-            raw.get_children(parent_of(chroot, "storm"))) == 1, "a timed-out acquire leaked its node"
+        assert (
+            zk_raw.get_children(parent_of(chroot, "storm")) != []
+            and len(zk_raw.get_children(parent_of(chroot, "storm"))) == 1
+        ), "a timed-out acquire leaked its node"
         holder.release()
         assert other.lock("storm", ttl=5).try_acquire() is not None
 
@@ -376,7 +377,7 @@ def test_c8_timeouts_storm_sync_leaves_no_node(
 
 
 def test_migrate_from_file_to_zookeeper(
-    zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient, tmp_path: Path
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient, tmp_path: Path
 ) -> None:
     old_url, new_url = (tmp_path / "old").as_uri(), f"{zookeeper_server.url}{chroot}?session_timeout=2"
 
@@ -392,15 +393,15 @@ def test_migrate_from_file_to_zookeeper(
     with lockkit.from_config(config("both")) as both:
         with both.lock("mz", ttl=5) as lease:
             assert both.holder("mz", backend="old").held and both.holder("mz", backend="new").held
-            assert len(kids(raw, parent_of(chroot, "mz"))) == 1 and lease.valid
+            assert len(kids(zk_raw, parent_of(chroot, "mz"))) == 1 and lease.valid
             assert both.lock("mz").try_acquire() is None
         assert not both.holder("mz", backend="old").held and not both.holder("mz", backend="new").held
-    assert kids(raw, fleet) == [], "a closed client left its presence record in ZooKeeper"
+    assert kids(zk_raw, fleet) == [], "a closed client left its presence record in ZooKeeper"
     old = lockkit.from_config(config("old"))
     try:
         assert old.lock("mz:guard").try_acquire() is not None  # announces phase 'old' in both backends
-        (member,) = kids(raw, fleet)
-        assert raw.get(f"{fleet}/{member}")[1].ephemeralOwner != 0  # ephemeral: it lives with old's session
+        (member,) = kids(zk_raw, fleet)
+        assert zk_raw.get(f"{fleet}/{member}")[1].ephemeralOwner != 0  # ephemeral: it lives with old's session
         refused = pytest.raises(ConfigError, match=r"1 client\(s\) in phase 'old' are alive")
         with lockkit.from_config(config("new")) as new, refused:
             new.lock("mz:guard").try_acquire()
@@ -410,4 +411,4 @@ def test_migrate_from_file_to_zookeeper(
         with new.lock("mz:guard", ttl=5) as lease:
             assert lease.fencing_token >= 1 << 48  # phase 'new': the epoch switched, ZooKeeper's czxid inside
         epoch = f"{chroot}/lockkit-presence/{encode_name('lockkit-migrate:main:epoch')}/epoch"
-        assert raw.get(epoch)[1].ephemeralOwner == 0  # the epoch record is permanent
+        assert zk_raw.get(epoch)[1].ephemeralOwner == 0  # the epoch record is permanent

@@ -58,15 +58,6 @@ def chroot() -> str:
     return f"/faults-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def raw(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper_server.hosts)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
-
-
 def children(client: KazooClient, chroot: str, name: str) -> list[str]:
     path = f"{chroot}/lockkit/{encode_name(name)}"
     return sorted(client.get_children(path)) if client.exists(path) else []
@@ -176,7 +167,7 @@ def fenced_c4(child: subprocess.Popen[str], session_ttl: float, old_token: int, 
         assert overlaps((old_entered, stale_write), (new_start, time.monotonic())), "the checker missed the overlap"
 
 
-def test_z1_forced_session_expiry(zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient) -> None:
+def test_z1_forced_session_expiry(zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient) -> None:
     url = f"{zookeeper_server.url}{chroot}?session_timeout=2"
     with lockkit.connect(url) as locks, lockkit.connect(url) as other:
         lost_at: list[float] = []
@@ -185,11 +176,11 @@ def test_z1_forced_session_expiry(zookeeper_server: ZooKeeperServer, chroot: str
         kazoo = kazoo_of(locks, "x")
         session_lost: list[float] = []
         kazoo.add_listener(lambda state: session_lost.append(time.monotonic()) if state == "LOST" else None)
-        (old_node,) = children(raw, chroot, "x")
+        (old_node,) = children(zk_raw, chroot, "x")
         got: list[lockkit.Lease] = []
         waiter = threading.Thread(target=lambda: got.append(other.lock("x", ttl=5).acquire(timeout=10)))
         waiter.start()
-        assert wait_until(lambda: len(children(raw, chroot, "x")) == 2, 5)
+        assert wait_until(lambda: len(children(zk_raw, chroot, "x")) == 2, 5)
         session_id, password = kazoo.client_id
         ghost = KazooClient(hosts=zookeeper_server.hosts, client_id=(session_id, password), timeout=2)
         ghost.start(timeout=5)
@@ -203,11 +194,11 @@ def test_z1_forced_session_expiry(zookeeper_server: ZooKeeperServer, chroot: str
         print(f"Z-1: LOST after {session_lost[0] - expired:.3f} s, on_lost {lost_at[0] - session_lost[0]:+.3f} s")
         assert lost_at[0] - session_lost[0] <= 0.5
         assert not lease.valid
-        assert old_node not in children(raw, chroot, "x")
+        assert old_node not in children(zk_raw, chroot, "x")
         with pytest.raises(LockNotOwned):
             holder.release()
         assert got[0].valid and other.holder("x").held, "the stale release deleted the new holder's node"
-        assert len(children(raw, chroot, "x")) == 1
+        assert len(children(zk_raw, chroot, "x")) == 1
 
 
 @pytest.fixture
@@ -222,8 +213,10 @@ def proxied(
 
 
 def test_z2_short_disconnect_is_uncertain_then_restored(
-    zookeeper_server: ZooKeeperServer, proxied: Callable[[float], tuple[str, FaultProxy]], chroot: str,
-    raw: KazooClient,
+    zookeeper_server: ZooKeeperServer,
+    proxied: Callable[[float], tuple[str, FaultProxy]],
+    chroot: str,
+    zk_raw: KazooClient,
 ) -> None:
     url, proxy = proxied(3)
     direct = f"{zookeeper_server.url}{chroot}"
@@ -242,8 +235,8 @@ def test_z2_short_disconnect_is_uncertain_then_restored(
         restored = wait_until(lambda: lease.state is LeaseState.HELD, lease.ttl)
         print(f"Z-2: uncertain {time.monotonic() - cut:.3f} s after the cut, restored: {restored is not None}")
         assert restored is not None and lease.valid
-        (node,) = children(raw, chroot, "z2")
-        stat = raw.exists(f"{chroot}/lockkit/z2/{node}")
+        (node,) = children(zk_raw, chroot, "z2")
+        stat = zk_raw.exists(f"{chroot}/lockkit/z2/{node}")
         assert stat is not None and stat.ephemeralOwner == kazoo_of(locks, "z2").client_id[0]
         lock.release()
 
@@ -294,8 +287,10 @@ def test_z3_c5_long_disconnect_is_lost_locally_by_the_deadline(
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # kazoo's loop dies on
 # the corrupted stream ("xids do not match"); the driver must start a new session and clean up anyway
 def test_c7_lost_create_reply_leaves_one_node_and_no_orphan(
-    zookeeper_server: ZooKeeperServer, proxied: Callable[[float], tuple[str, FaultProxy]], chroot: str,
-    raw: KazooClient,
+    zookeeper_server: ZooKeeperServer,
+    proxied: Callable[[float], tuple[str, FaultProxy]],
+    chroot: str,
+    zk_raw: KazooClient,
 ) -> None:
     url, proxy = proxied(3)
     with lockkit.connect(f"{zookeeper_server.url}{chroot}") as other, lockkit.connect(url) as locks:
@@ -313,17 +308,17 @@ def test_c7_lost_create_reply_leaves_one_node_and_no_orphan(
 
         thread = threading.Thread(target=attempt)
         thread.start()
-        assert wait_until(lambda: len(children(raw, chroot, "c7")) == 2, 5), "the create never reached the server"
+        assert wait_until(lambda: len(children(zk_raw, chroot, "c7")) == 2, 5), "the create never reached the server"
         time.sleep(0.3)
         proxy.set_mode("pass")
         most = 0
         while thread.is_alive():
-            most = max(most, len(children(raw, chroot, "c7")))
+            most = max(most, len(children(zk_raw, chroot, "c7")))
             time.sleep(0.02)
         thread.join()
         assert outcome and not isinstance(outcome[0], lockkit.Lease), outcome
         assert most <= 2, "the client queued a second contender node instead of finding its own"
-        assert wait_until(lambda: len(children(raw, chroot, "c7")) == 1, 3 + SLACK), "an orphan contender remained"
+        assert wait_until(lambda: len(children(zk_raw, chroot, "c7")) == 1, 3 + SLACK), "an orphan contender remained"
         holder.release()
         started = time.monotonic()
         locks.lock("c7", ttl=5).acquire(timeout=5)

@@ -44,15 +44,6 @@ def open_driver(zookeeper_server: ZooKeeperServer, chroot: str) -> Iterator[Call
         driver.close()
 
 
-@pytest.fixture
-def raw(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper_server.hosts)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
-
-
 def node(chroot: str, group: str, member: str | None = None) -> str:
     path = f"{chroot}/lockkit-presence/{encode_name(group)}"
     return path if member is None else f"{path}/{encode_name(member)}"
@@ -67,7 +58,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def test_announce_members_withdraw(open_driver: Callable[..., ZooKeeperDriver], raw: KazooClient, chroot: str) -> None:
+def test_announce_members_withdraw(
+    open_driver: Callable[..., ZooKeeperDriver], zk_raw: KazooClient, chroot: str
+) -> None:
     a, b = open_driver(), open_driver()
     assert isinstance(a, Presence)
     group = "g/é %"
@@ -77,9 +70,9 @@ def test_announce_members_withdraw(open_driver: Callable[..., ZooKeeperDriver], 
     assert a.members(group) == b.members(group) == {"m/1": "one", "m%2": "two ü"}
     a.announce(group, "m/1", "uno", 30)  # re-announce replaces the value: one node, set in place
     assert b.members(group) == {"m/1": "uno", "m%2": "two ü"}
-    data, stat = raw.get(node(chroot, group, "m/1"))
+    data, stat = zk_raw.get(node(chroot, group, "m/1"))
     assert data == b"uno" and stat.ephemeralOwner == a._session.session_id() and stat.version == 1
-    assert raw.get(node(chroot, group, "m%2"))[1].ephemeralOwner == 0  # ttl None: persistent
+    assert zk_raw.get(node(chroot, group, "m%2"))[1].ephemeralOwner == 0  # ttl None: persistent
     assert a.members("g") == {} and a.members("never") == {}  # "g" and "g/…" are different groups
     b.withdraw(group, "m/1")  # anyone may withdraw a record
     a.withdraw(group, "m%2")
@@ -88,14 +81,15 @@ def test_announce_members_withdraw(open_driver: Callable[..., ZooKeeperDriver], 
     assert a.members(group) == b.members(group) == {}
 
 
-def test_records_never_collide_with_locks(open_driver: Callable[..., ZooKeeperDriver], raw: KazooClient,
-                                          chroot: str) -> None:
+def test_records_never_collide_with_locks(
+    open_driver: Callable[..., ZooKeeperDriver], zk_raw: KazooClient, chroot: str
+) -> None:
     driver = open_driver()
     driver.announce("x", "m", "v", 30)
     assert driver.acquire("x", uuid.uuid4().hex, 5, None) is not None
     assert driver.members("x") == {"m": "v"}
-    assert raw.get_children(f"{chroot}/lockkit-presence/x") == ["m"]
-    assert len(raw.get_children(f"{chroot}/lockkit/x")) == 1
+    assert zk_raw.get_children(f"{chroot}/lockkit-presence/x") == ["m"]
+    assert len(zk_raw.get_children(f"{chroot}/lockkit/x")) == 1
 
 
 def test_members_syncs_before_reading(open_driver: Callable[..., ZooKeeperDriver]) -> None:
@@ -155,7 +149,7 @@ def test_records_live_as_long_as_the_session(
 
 
 def test_permanent_records_survive_and_kinds_switch(
-    open_driver: Callable[..., ZooKeeperDriver], raw: KazooClient, chroot: str
+    open_driver: Callable[..., ZooKeeperDriver], zk_raw: KazooClient, chroot: str
 ) -> None:
     first = open_driver()
     first.announce("epoch", "epoch", "1", None)
@@ -166,14 +160,14 @@ def test_permanent_records_survive_and_kinds_switch(
     assert second.members("kind") == {}
     second.announce("kind", "m", "v", 5.0)
     second.announce("kind", "m", "forever", None)  # ephemeral → persistent: the node is replaced
-    assert raw.get(node(chroot, "kind", "m"))[1].ephemeralOwner == 0
+    assert zk_raw.get(node(chroot, "kind", "m"))[1].ephemeralOwner == 0
     second.announce("kind", "m", "mine", 5.0)  # persistent → ephemeral to our session
     sid = second._session.session_id()
-    assert raw.get(node(chroot, "kind", "m"))[1].ephemeralOwner == sid
+    assert zk_raw.get(node(chroot, "kind", "m"))[1].ephemeralOwner == sid
     # another session's record of the same member is taken over (else it would live with *their* session)
     third = open_driver()
     third.announce("kind", "m", "theirs", 5.0)
-    data, stat = raw.get(node(chroot, "kind", "m"))
+    data, stat = zk_raw.get(node(chroot, "kind", "m"))
     assert data == b"theirs" and stat.ephemeralOwner == third._session.session_id()
     third.close()
     assert second.members("kind") == {}
@@ -181,7 +175,7 @@ def test_permanent_records_survive_and_kinds_switch(
 
 
 def test_records_carry_the_lock_acl(
-    open_driver: Callable[..., ZooKeeperDriver], zookeeper_server: ZooKeeperServer, chroot: str, raw: KazooClient
+    open_driver: Callable[..., ZooKeeperDriver], zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
 ) -> None:
     driver = open_driver(auth="app:s3cr3t@")
     driver.announce("acl", "m", "v", 5.0)
@@ -196,7 +190,7 @@ def test_records_carry_the_lock_acl(
         admin.stop()
         admin.close()
     with pytest.raises(NoAuthError):
-        raw.delete(node(chroot, "acl", "m"))  # an unauthenticated client cannot remove a member
+        zk_raw.delete(node(chroot, "acl", "m"))  # an unauthenticated client cannot remove a member
     same = open_driver(auth="app:s3cr3t@")
     assert same.members("acl") == {"m": "v"}
     same.withdraw("acl", "m")
