@@ -8,7 +8,7 @@ Session-scoped, shared (do not kill/pause/restart these; clean up your own keys)
 Function-scoped factories, for tests that kill, pause or restart a server; every
 server or proxy they create is stopped at teardown, even when the test fails:
 ``fresh_redis(**kw)``, ``fresh_redlock(n=5, **kw)``, ``fresh_zookeeper(**kw)``,
-``fresh_etcd(**kw)``, ``fault_proxy(server_or_host, port=None, **kw)``.
+``fresh_etcd(**kw)``, ``fresh_etcd_cluster(n=3, **kw)``, ``fault_proxy(server_or_host, port=None, **kw)``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 
 from backends.proxy import FaultProxy
 from backends.servers import (
+    EtcdCluster,
     EtcdServer,
     RedisServer,
     RedlockServers,
@@ -31,6 +32,7 @@ __all__ = [
     "etcd_server",
     "fault_proxy",
     "fresh_etcd",
+    "fresh_etcd_cluster",
     "fresh_redis",
     "fresh_redlock",
     "fresh_zookeeper",
@@ -40,11 +42,13 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound=Server)
+T = TypeVar("T")
 
 RedisFactory = Callable[..., RedisServer]
 RedlockFactory = Callable[..., RedlockServers]
 ZooKeeperFactory = Callable[..., ZooKeeperServer]
 EtcdFactory = Callable[..., EtcdServer]
+EtcdClusterFactory = Callable[..., EtcdCluster]
 ProxyFactory = Callable[..., FaultProxy]
 
 
@@ -100,64 +104,46 @@ def etcd_server() -> Iterator[EtcdServer]:
 # ----------------------------------------------------------------- own instances
 
 
-@pytest.fixture
-def fresh_redis() -> Iterator[RedisFactory]:
+def _own(make: Callable[..., T]) -> Iterator[Callable[..., T]]:
+    """A factory fixture's body: ``factory(*args, **kw)`` starts ``make(*args, **kw)``; all stopped at teardown."""
     started: list[Any] = []
 
-    def factory(**kwargs: Any) -> RedisServer:
-        server = RedisServer(**kwargs)
-        started.append(server)
-        return server.start()
+    def factory(*args: Any, **kwargs: Any) -> T:
+        obj = make(*args, **kwargs)
+        started.append(obj)
+        return obj.start()  # type: ignore[no-any-return, attr-defined]
 
     try:
         yield factory
     finally:
         _stop_all(started)
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[RedisFactory]:
+    yield from _own(RedisServer)
 
 
 @pytest.fixture
 def fresh_redlock() -> Iterator[RedlockFactory]:
-    started: list[Any] = []
-
-    def factory(n: int = 5, **kwargs: Any) -> RedlockServers:
-        group = RedlockServers(n, **kwargs)
-        started.append(group)
-        return group.start()
-
-    try:
-        yield factory
-    finally:
-        _stop_all(started)
+    """``fresh_redlock(n=5, **kw)``: independent masters."""
+    yield from _own(RedlockServers)
 
 
 @pytest.fixture
 def fresh_zookeeper() -> Iterator[ZooKeeperFactory]:
-    started: list[Any] = []
-
-    def factory(**kwargs: Any) -> ZooKeeperServer:
-        server = ZooKeeperServer(**kwargs)
-        started.append(server)
-        return server.start()
-
-    try:
-        yield factory
-    finally:
-        _stop_all(started)
+    yield from _own(ZooKeeperServer)
 
 
 @pytest.fixture
 def fresh_etcd() -> Iterator[EtcdFactory]:
-    started: list[Any] = []
+    yield from _own(EtcdServer)
 
-    def factory(**kwargs: Any) -> EtcdServer:
-        server = EtcdServer(**kwargs)
-        started.append(server)
-        return server.start()
 
-    try:
-        yield factory
-    finally:
-        _stop_all(started)
+@pytest.fixture
+def fresh_etcd_cluster() -> Iterator[EtcdClusterFactory]:
+    """``fresh_etcd_cluster(n=3, **kw)`` -> a started EtcdCluster (a cluster, not a server: tests kill its leader)."""
+    yield from _own(EtcdCluster)
 
 
 @pytest.fixture

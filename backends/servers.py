@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import http.client
+import json
 import os
 import platform
 import re
@@ -30,11 +31,12 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, ClassVar, TypeVar
+from typing import IO, Any, ClassVar, Generic, TypeVar
 from urllib.parse import quote
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "POLL_INTERVAL",
     "READY_TIMEOUT",
     "STOP_TIMEOUT",
+    "EtcdCluster",
     "EtcdServer",
     "RedisServer",
     "RedlockServers",
@@ -70,6 +73,9 @@ _ADDR_IN_USE = re.compile(r"address already in use|BindException", re.IGNORECASE
 
 S = TypeVar("S", bound="Server")
 R = TypeVar("R", bound="RedlockServers")
+M = TypeVar("M", bound="Server")
+G = TypeVar("G", bound="ServerGroup[Any]")
+C = TypeVar("C", bound="EtcdCluster")
 
 
 class ServerError(RuntimeError):
@@ -518,9 +524,7 @@ class RedisServer(Server):
         env: Mapping[str, str] | None = None,
         tmp_parent: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(
-            extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent
-        )
+        super().__init__(extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent)
         self.password = password
         self.db = db
 
@@ -571,57 +575,42 @@ def _read_line(sock: socket.socket) -> bytes:
     return buf
 
 
-class RedlockServers:
-    """N independent Redis masters (default 5) for Redlock."""
+class ServerGroup(Generic[M]):
+    """What a group of servers shares: its members as a sequence, stopping them all, ``with`` support."""
 
-    def __init__(self, n: int = 5, **redis_kwargs: object) -> None:
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        self.n = n
-        self._kwargs = redis_kwargs
-        self.servers: list[RedisServer] = []
+    members: list[M]
 
-    def start(self: R) -> R:
-        try:
-            for _ in range(self.n):
-                server = RedisServer(**self._kwargs)  # type: ignore[arg-type]
-                self.servers.append(server)
-                server.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def start(self: G) -> G:
+        raise NotImplementedError
 
-    def stop(self) -> None:
+    def _stop_members(self, kill_first: bool = False) -> None:
+        """Stop every member this group started (by PID), keep going past errors, then raise the first."""
         errors: list[BaseException] = []
-        for server in self.servers:
+        for member in self.members:
             try:
-                server.stop()
+                if kill_first:
+                    member.kill()
+                member.stop()
             except Exception as exc:  # keep stopping the others
                 errors.append(exc)
-        self.servers = []
+        self.members = []
         if errors:
             raise errors[0]
 
-    @property
-    def url(self) -> str:
-        return redlock_url(self.servers)
+    def stop(self) -> None:
+        self._stop_members()
 
-    @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
-
-    def __iter__(self) -> Iterator[RedisServer]:
-        return iter(self.servers)
+    def __iter__(self) -> Iterator[M]:
+        return iter(self.members)
 
     def __len__(self) -> int:
-        return len(self.servers)
+        return len(self.members)
 
-    def __getitem__(self, index: int) -> RedisServer:
-        return self.servers[index]
+    def __getitem__(self, index: int) -> M:
+        return self.members[index]
 
-    def __enter__(self: R) -> R:
-        if not self.servers:
+    def __enter__(self: G) -> G:
+        if not self.members:
             self.start()
         return self
 
@@ -632,6 +621,40 @@ class RedlockServers:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class RedlockServers(ServerGroup[RedisServer]):
+    """N independent Redis masters (default 5) for Redlock."""
+
+    def __init__(self, n: int = 5, **redis_kwargs: object) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self.n = n
+        self._kwargs = redis_kwargs
+        self.members = []
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return self.members
+
+    def start(self: R) -> R:
+        try:
+            for _ in range(self.n):
+                server = RedisServer(**self._kwargs)  # type: ignore[arg-type]
+                self.members.append(server)
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def url(self) -> str:
+        return redlock_url(self.members)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.members]
 
 
 def redlock_url(servers: Sequence[RedisServer], db: int = 0) -> str:
@@ -687,8 +710,7 @@ def zookeeper_classpath(java_dir: str | os.PathLike[str] = JAVA_DIR) -> list[str
     missing = [j for j in _ZK_REQUIRED_JARS if not (base / j).is_file()]
     if missing:
         raise ServerError(
-            f"ZooKeeper jars missing in {base}: {', '.join(missing)};"
-            " install them with `python -m backends install`"
+            f"ZooKeeper jars missing in {base}: {', '.join(missing)}; install them with `python -m backends install`"
         )
     jars = [base / j for j in _ZK_REQUIRED_JARS]
     jars += [base / j for j in _ZK_OPTIONAL_JARS if (base / j).is_file()]
@@ -716,9 +738,7 @@ class ZooKeeperServer(Server):
         env: Mapping[str, str] | None = None,
         tmp_parent: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(
-            extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent
-        )
+        super().__init__(extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent)
         self.tick_time_ms = tick_time_ms
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
@@ -824,7 +844,7 @@ _ETCD_SUPPORTED_ARCH = {"amd64", "arm64", "ppc64le"}
 
 
 class EtcdServer(Server):
-    """Single-node etcd (v3 API) with client and peer URLs on 127.0.0.1."""
+    """etcd (v3 API) with client and peer URLs on 127.0.0.1: a single node, or one member of an EtcdCluster."""
 
     name = "etcd"
 
@@ -834,6 +854,8 @@ class EtcdServer(Server):
         heartbeat_interval_ms: int | None = None,
         election_timeout_ms: int | None = None,
         member_name: str = "n1",
+        initial_cluster: str | None = None,
+        initial_cluster_token: str | None = None,
         extra_args: Sequence[str] = (),
         port: int | None = None,
         peer_port: int | None = None,
@@ -841,15 +863,20 @@ class EtcdServer(Server):
         env: Mapping[str, str] | None = None,
         tmp_parent: str | os.PathLike[str] | None = None,
     ) -> None:
-        """``heartbeat_interval_ms=10, election_timeout_ms=100`` gives a fast single node."""
+        """``heartbeat_interval_ms=10, election_timeout_ms=100`` gives a fast single node.
+
+        ``initial_cluster`` (``name=peer_url,...`` of every member) and ``initial_cluster_token`` are for
+        the members of an :class:`EtcdCluster`, which picks every member's ports before any starts (each
+        member's flags name all peers); by default the node forms a cluster of its own.
+        """
         if (port is None) != (peer_port is None):
             raise ValueError("give both port and peer_port, or neither")
-        super().__init__(
-            extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent
-        )
+        super().__init__(extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent)
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.election_timeout_ms = election_timeout_ms
         self.member_name = member_name
+        self.initial_cluster = initial_cluster
+        self.initial_cluster_token = initial_cluster_token
         self._peer_port: int | None = peer_port
 
     def _allocate_extra_ports(self) -> None:
@@ -887,9 +914,9 @@ class EtcdServer(Server):
             "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", self.peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
-            "--initial-cluster", f"{self.member_name}={self.peer_url}",
+            "--initial-cluster", self.initial_cluster or f"{self.member_name}={self.peer_url}",
             "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"lockkit-{self.port}",
+            "--initial-cluster-token", self.initial_cluster_token or f"lockkit-{self.port}",
             "--logger", "zap",
             "--log-outputs", "stderr",
         ]  # fmt: skip
@@ -911,13 +938,28 @@ class EtcdServer(Server):
 
     def http_get(self, path: str, timeout: float = 1.0) -> tuple[int, bytes]:
         """GET on the client URL (no proxy env is consulted)."""
+        return self._http("GET", path, None, timeout)
+
+    def _http(self, method: str, path: str, body: bytes | None, timeout: float) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
-            conn.request("GET", path)
+            conn.request(method, path, body=body)
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
             conn.close()
+
+    def status(self, timeout: float = 1.0) -> dict[str, Any]:
+        """``Maintenance.Status`` through etcd's JSON gateway (no etcdctl process per poll).
+
+        The reply has ``header.member_id`` (this member) and ``leader`` (the member it follows), both
+        decimal strings, and ``raftTerm``. Raises ``OSError``/``ServerError`` if the member does not answer.
+        """
+        status, body = self._http("POST", "/v3/maintenance/status", b"{}", timeout)
+        if status != 200:
+            raise ServerError(f"etcd {self.endpoint}: status returned HTTP {status}: {body[:200]!r}")
+        reply: dict[str, Any] = json.loads(body)
+        return reply
 
     def probe(self, timeout: float = 0.5) -> bool:
         """``GET /health`` answers ``{"health":"true"}`` once a leader is elected."""
@@ -941,3 +983,159 @@ class EtcdServer(Server):
         env["ETCDCTL_API"] = "3"
         env["ETCDCTL_ENDPOINTS"] = self.endpoint
         return env
+
+
+class EtcdCluster(ServerGroup[EtcdServer]):
+    """N etcd members (default 3) forming one Raft cluster, every port on 127.0.0.1.
+
+    Leader changes are what a cluster adds to the single node (etcd restarts every lease's countdown on a
+    new leader, #9395), so :meth:`leader` finds the current one for a test to kill; a member is an
+    ordinary :class:`EtcdServer` (``kill``, ``pause``, ``restart`` with its data, by its own PID). Heartbeat
+    100 ms and election timeout 1 s (etcd's defaults, set explicitly): a lost leader is usually replaced
+    within one to two election timeouts (one more round after a split vote), and the minimum lease TTL
+    stays 2 s.
+    """
+
+    def __init__(
+        self,
+        n: int = 3,
+        *,
+        heartbeat_interval_ms: int = 100,
+        election_timeout_ms: int = 1000,
+        extra_args: Sequence[str] = (),
+        ready_timeout: float = READY_TIMEOUT,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self.n = n
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.election_timeout_ms = election_timeout_ms
+        self.extra_args = list(extra_args)
+        self.ready_timeout = ready_timeout
+        self._tmp_parent = tmp_parent
+        self.members: list[EtcdServer] = []
+        #: the ``--initial-cluster-token`` of the running cluster
+        self.token: str | None = None
+
+    @property
+    def election_timeout(self) -> float:
+        """The election timeout in seconds (also how far a new leader extends every lease)."""
+        return self.election_timeout_ms / 1000
+
+    def start(self: C) -> C:
+        """Start every member at once (none is ready before a quorum runs); returns self.
+
+        Every member's flags name all peer URLs, so the ports are picked up front; if one was taken
+        meanwhile ("address already in use") the whole cluster starts again on fresh ports.
+        """
+        if self.members:
+            raise ServerError("etcd cluster: already started")
+        for attempt in range(1, PORT_RETRIES + 1):
+            self.members = self._new_members()
+            try:
+                self._start_members()
+                return self
+            except ServerNotReady as exc:
+                self.stop()
+                if not _ADDR_IN_USE.search(str(exc)) or attempt == PORT_RETRIES:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _new_members(self) -> list[EtcdServer]:
+        ports = [(free_port(LOOPBACK), free_port(LOOPBACK)) for _ in range(self.n)]
+        names = [f"n{i + 1}" for i in range(self.n)]
+        initial = ",".join(f"{name}=http://{LOOPBACK}:{peer}" for name, (_, peer) in zip(names, ports, strict=True))
+        self.token = f"lockkit-cluster-{uuid.uuid4().hex[:12]}"  # members of other clusters never join ours
+        return [
+            EtcdServer(
+                heartbeat_interval_ms=self.heartbeat_interval_ms,
+                election_timeout_ms=self.election_timeout_ms,
+                member_name=name,
+                initial_cluster=initial,
+                initial_cluster_token=self.token,
+                extra_args=self.extra_args,
+                port=port,
+                peer_port=peer,
+                ready_timeout=self.ready_timeout,
+                tmp_parent=self._tmp_parent,
+            )
+            for name, (port, peer) in zip(names, ports, strict=True)
+        ]
+
+    def _start_members(self) -> None:
+        errors: list[BaseException] = []
+
+        def start(member: EtcdServer) -> None:
+            try:
+                member.start()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(m,), name=f"start-{m.member_name}") for m in self.members]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def stop(self) -> None:
+        """SIGKILL every member this cluster started (by PID), reap it and delete its directory. Idempotent.
+
+        Not SIGTERM: a leader's graceful stop hands its office to a peer and then waits up to 7 s for the
+        handover, which never completes while that peer is stopping too. The data is thrown away anyway.
+        """
+        self._stop_members(kill_first=True)
+
+    @property
+    def url(self) -> str:
+        """``etcd://h1:p1,h2:p2,h3:p3``: every member, in start order."""
+        return self.url_starting_at(None)
+
+    def url_starting_at(self, first: EtcdServer | None) -> str:
+        """The cluster URL with ``first`` listed first: lockkit's client uses that member until it fails."""
+        if not self.members:
+            raise ServerError("etcd cluster: not started")
+        if first is not None and first not in self.members:
+            raise ValueError(f"{first!r} is not a member of this cluster")
+        ordered = ([] if first is None else [first]) + [m for m in self.members if m is not first]
+        return "etcd://" + ",".join(m.endpoint for m in ordered)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """``host:port`` of every member, for ``etcdctl --endpoints``."""
+        return [m.endpoint for m in self.members]
+
+    def running_members(self) -> list[EtcdServer]:
+        return [m for m in self.members if m.running and not m.paused]
+
+    def leader(self, timeout: float = READY_TIMEOUT) -> EtcdServer:
+        """The member that reports itself leader (its ``leader`` equals its own ``member_id``).
+
+        Polls the running members until one does (after a kill, until a new one is elected); if two claim
+        it (a deposed leader that has not noticed yet), the higher Raft term wins.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            claims: list[tuple[int, EtcdServer]] = []
+            for member in self.running_members():
+                try:
+                    status = member.status(timeout=0.5)
+                except (OSError, http.client.HTTPException, ServerError, ValueError):
+                    continue
+                if status.get("leader") and status["leader"] == status.get("header", {}).get("member_id"):
+                    claims.append((int(status.get("raftTerm", 0)), member))
+            if claims:
+                return max(claims, key=lambda claim: claim[0])[1]
+            if time.monotonic() >= deadline:
+                raise ServerError(f"etcd cluster: no leader among {self.endpoints} after {timeout:.1f} s")
+            time.sleep(POLL_INTERVAL)
+
+    def followers(self, timeout: float = READY_TIMEOUT) -> list[EtcdServer]:
+        """The running members other than the current leader."""
+        leader = self.leader(timeout)
+        return [m for m in self.running_members() if m is not leader]
