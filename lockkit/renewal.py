@@ -317,17 +317,25 @@ class AsyncRenewalScheduler:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
+        self._planned: float | None = None  # when the task will wake next (None: when woken)
 
     def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
         self.book.add(lease, target, requested_ttl, auto_renew, max_hold)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lockkit-renewal")
-        self._wakeup.set()
+        # As in the thread scheduler: wake the task only for a lease due before it plans to look anyway
+        # (waking it on every acquire cost a task switch and a book scan per lock operation).
+        due = min(lease.expires_at, lease.acquired_at + lease.ttl * RENEW_FRACTION)
+        if self._planned is None or due < self._planned:
+            self._wakeup.set()
 
     def remove(self, lease: Lease) -> None:
         self.book.remove(lease)
 
     async def _run(self) -> None:
+        # Not ending at the first empty look: most locks are released before the task first runs, and a
+        # task per acquire cost more than the lock operation's own Python.
+        idle_since_last_look = False
         while True:
             batches, expired = self.book.take_due(self.book.clock())
             self.book.expire(expired)
@@ -338,12 +346,19 @@ class AsyncRenewalScheduler:
             if batches or expired:
                 continue
             wake_at = self.book.next_wakeup()
-            if wake_at is None and not self._batches:
-                self._task = None
+            if wake_at is None and not self._batches and idle_since_last_look:
+                self._task = None  # idle for a whole tick: end; the next add starts a new task
                 return
-            delay = None if wake_at is None else max(0.001, wake_at - self.book.clock())
+            idle_since_last_look = wake_at is None and not self._batches
+            now = self.book.clock()
+            # Look at least once a second, so that an add needs to wake the task only for a lease due sooner.
+            wake_at = now + IDLE_TICK if wake_at is None else min(wake_at, now + IDLE_TICK)
+            self._planned = wake_at
             self._wakeup.clear()
-            await wait_event(self._wakeup, delay)
+            try:
+                await wait_event(self._wakeup, max(0.001, wake_at - now))
+            finally:
+                self._planned = None
 
     async def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:
