@@ -8,9 +8,11 @@ Starts its own throw-away servers on loopback (backends/servers.py). Three parts
 1. Uncontended acquire+release on distinct names, interleaved in rounds with the raw
    floor (redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete, script preloaded):
    median and p99 per operation, ratios of medians against the floor.
-2. 4 processes contending on one name, each holding ~1 ms: handoffs/s (an acquisition by
-   a different process than the previous holder), fairness (fewest/most acquisitions per
-   process), p99 wait.
+2. 4 processes contending on one name, each holding ~1 ms (benchmarks/_common.py, shared
+   with the etcd and ZooKeeper benchmarks): handoffs/s (an acquisition by a different
+   process than the previous holder), fairness (fewest/most acquisitions per process),
+   p50/p99/max wait, and whether the fencing tokens rise in acquisition order (redis://;
+   Redlock has none).
 3. N locks held with auto-renewal (ttl 2 s) for a while in one process: all still held at
    the end (checked from a separate connection), extra threads, renewal CPU against a raw
    pipeline of the same PEXPIREs.
@@ -20,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import multiprocessing
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -32,19 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import itertools
-
 import redis
 
 import lockkit
 from backends.servers import RedisServer, RedlockServers
+from benchmarks._common import contention, latency_table
 
 CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: int) -> None:
@@ -63,6 +57,7 @@ def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: i
             lock = locks.lock(name, ttl=10)
             lock.acquire()
             lock.release()
+
         return op
 
     runners = {"floor": floor, "redis://": via(single), "redlock://": via(quorum)}
@@ -76,55 +71,10 @@ def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: i
                 started = time.perf_counter()
                 run(f"bench:{prefix}:{i}")  # type: ignore[operator]
                 samples[label].append(time.perf_counter() - started)
-    base = statistics.median(samples["floor"])
-    print("\n## Uncontended acquire+release (µs per operation)")
-    print(f"{'':12} {'median':>8} {'p99':>8} {'ratio':>6}")
-    for label, values in samples.items():
-        med = statistics.median(values)
-        print(f"{label:12} {med * 1e6:8.0f} {pct(values, 0.99) * 1e6:8.0f} {med / base:6.2f}")
+    print()
+    print(latency_table(samples, unit="µs"))
     single.close()
     quorum.close()
-
-
-def contender(url: str, name: str, seconds: float, start: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    locks = lockkit.connect(url)
-    lock = locks.lock(name, ttl=5)
-    records = []
-    while time.time() < start:
-        time.sleep(0.001)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        asked = time.monotonic()
-        lock.acquire(timeout=10)
-        got = time.monotonic()
-        spin = got + 0.001
-        while time.monotonic() < spin:
-            pass
-        lock.release()
-        records.append((got, os.getpid(), got - asked))
-    locks.close()
-    out.put(records)
-
-
-def contention(url: str, seconds: float, procs: int = 4) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    name = f"bench:hot:{uuid.uuid4().hex}"
-    start = time.time() + 1.5
-    workers = [ctx.Process(target=contender, args=(url, name, seconds, start, queue)) for _ in range(procs)]
-    for w in workers:
-        w.start()
-    records = [r for _ in workers for r in queue.get(timeout=seconds + 60)]
-    for w in workers:
-        w.join()
-    records.sort()
-    handoffs = sum(1 for a, b in itertools.pairwise(records) if a[1] != b[1])
-    counts = [sum(1 for r in records if r[1] == w.pid) for w in workers]
-    waits = [r[2] for r in records]
-    print(f"\n## {procs} processes contending on one name, ~1 ms hold, {seconds:g} s ({url.split(':')[0]}://)")
-    print(f"acquisitions {len(records)}, handoffs/s {handoffs / seconds:.0f}, "
-          f"fairness {min(counts) / max(counts):.2f} {counts}, p50 wait {pct(waits, 0.5) * 1e3:.1f} ms, "
-          f"p99 wait {pct(waits, 0.99) * 1e3:.1f} ms, max wait {max(waits) * 1e3:.1f} ms")
 
 
 def scale(url: str, port: int, n: int, hold: float) -> None:
@@ -161,9 +111,11 @@ def scale(url: str, port: int, n: int, hold: float) -> None:
         pipe.execute()
     raw_cpu = time.process_time() - cpu1
     print(f"\n## {n} locks held with auto-renewal (ttl 2 s) for {elapsed:.1f} s (acquiring them took {ramp:.1f} s)")
-    print(f"still held at the end: {held}/{n} (losses {stats['losses']}, renewals in all {renewals}); "
-          f"extra threads: {extra_threads}; renewal rounds during the hold: {rounds}; "
-          f"renewal CPU {renew_cpu:.2f} s vs raw PEXPIRE pipelines {raw_cpu:.2f} s ({renew_cpu / raw_cpu:.2f}x)")
+    print(
+        f"still held at the end: {held}/{n} (losses {stats['losses']}, renewals in all {renewals}); "
+        f"extra threads: {extra_threads}; renewal rounds during the hold: {rounds}; "
+        f"renewal CPU {renew_cpu:.2f} s vs raw PEXPIRE pipelines {raw_cpu:.2f} s ({renew_cpu / raw_cpu:.2f}x)"
+    )
 
 
 def main() -> None:
@@ -173,18 +125,24 @@ def main() -> None:
     parser.add_argument("--contend", type=float, default=5.0, help="seconds of the contention run")
     parser.add_argument("--locks", type=int, default=10_000, help="locks held in the scale run")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds the scale run holds them")
-    parser.add_argument("--parts", default="uncontended,contention,scale",
-                        help="comma-separated parts to run: uncontended, contention, scale")
+    parser.add_argument(
+        "--parts",
+        default="uncontended,contention,scale",
+        help="comma-separated parts to run: uncontended, contention, scale",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    print(f"# lockkit Redis benchmark: Python {platform.python_version()}, redis-py {redis.__version__}, "
-          f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}")
+    print(
+        f"# lockkit Redis benchmark: Python {platform.python_version()}, redis-py {redis.__version__}, "
+        f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}"
+    )
     with RedisServer() as single, RedlockServers(5) as group:
         if "uncontended" in parts:
             uncontended(single.url, single.port, group.url, args.ops, args.rounds)
         if "contention" in parts:
-            contention(single.url, args.contend)
-            contention(group.url, args.contend)
+            for url in (single.url, group.url):
+                print()
+                print(contention(url, args.contend).report())
         if "scale" in parts:
             scale(single.url, single.port, args.locks, args.hold)
 

@@ -785,8 +785,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", type=float, default=1.0, help="milliseconds each holder keeps the lock (1)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset of the default")
     parser.add_argument("--skip", default="", help="comma-separated implementations to leave out, e.g. redis/redis-py")
-    parser.add_argument("--url-option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
-                        help="add an option to lockkit's URL for one backend (repeatable), e.g. redis:timeout=1")
+    parser.add_argument(
+        "--url-option",
+        action="append",
+        default=[],
+        metavar="BACKEND:KEY=VALUE",
+        help="add an option to lockkit's URL for one backend (repeatable), e.g. redis:timeout=1",
+    )
     args = parser.parse_args(argv)
     sizes = {"ops": (200, 40), "rounds": (5, 2), "contend": (8.0, 1.5), "contend_rounds": (2, 1)}
     for key, (full, quick) in sizes.items():
@@ -805,17 +810,21 @@ def main(argv: list[str] | None = None) -> int:
         url_options.setdefault(backend, []).append(pair)
 
     began = time.monotonic()
-    print(f"# lockkit against other lock libraries: Python {platform.python_version()}, {platform.machine()}, "
-          f"{os.cpu_count()} CPUs, {platform.platform()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"# lockkit against other lock libraries: Python {platform.python_version()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, {platform.platform()}, load average {os.getloadavg()[0]:.1f}"
+    )
     with started_servers(wanted) as (ep, servers, server_failed):
         for backend, pairs in url_options.items():
             if backend in ep["urls"]:
                 base = ep["urls"][backend]
                 ep["urls"][backend] = base + ("&" if "?" in base else "?") + "&".join(pairs)
         print(f"servers on 127.0.0.1: {server_versions(servers) or 'none'}")
-        print(f"uncontended: {args.rounds} rounds × {args.ops} acquire+release per implementation; contention: "
-              f"{args.procs} processes, hold {args.hold:g} ms, {args.contend:g} s per implementation in "
-              f"{args.contend_rounds} round(s); ttl {TTL} s everywhere")
+        print(
+            f"uncontended: {args.rounds} rounds × {args.ops} acquire+release per implementation; contention: "
+            f"{args.procs} processes, hold {args.hold:g} ms, {args.contend:g} s per implementation in "
+            f"{args.contend_rounds} round(s); ttl {TTL} s everywhere"
+        )
         for backend, pairs in url_options.items():
             print(f"lockkit {backend}:// URL options: {'&'.join(pairs)}")
         rows: dict[str, list[Row]] = {}
