@@ -57,6 +57,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
     sections = [machine()]
+    failed: list[str] = []
     for name in sorted(QUICK) if not args.only else [args.only]:
         cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), *(QUICK[name] if args.quick else [])]
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
@@ -64,6 +65,7 @@ def main() -> int:
         print(done.stdout, end="")
         if done.returncode:
             print(done.stderr, file=sys.stderr)
+            failed.append(name)
         shown = " ".join(["python", f"benchmarks/bench_{name}.py", *cmd[2:]])
         sections.append(f"### {name}\n\n`{shown}`\n\n```\n{done.stdout.strip()}\n```")
     if not args.only:
@@ -75,10 +77,16 @@ def main() -> int:
         print(f"== libraries: {' '.join(cmd[1:])}", flush=True)
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         print(done.stdout, end="")
+        if done.returncode:
+            print(done.stderr, file=sys.stderr)
+            failed.append("libraries")
         shown = " ".join(["python", "benchmarks/compare_libraries.py", *cmd[2:]])
         sections.append(
             f"### lockkit next to the libraries users would otherwise pick\n\n`{shown}`\n\n{done.stdout.strip()}"
         )
+    if failed:
+        print(f"benchmarks failed: {', '.join(failed)}; docs/benchmarks.md left as it was", file=sys.stderr)
+        return 1
     if not args.no_write and not args.only:
         text = DOC.read_text()
         head, _, rest = text.partition(BEGIN)

@@ -44,7 +44,7 @@ def latency(url: str, rounds: int) -> dict[str, list[float]]:
     """Raw floor and lockkit samples, interleaved."""
     host, _, port = hosts(url).split(",")[0].partition(":")
     client = EtcdClient([(host, int(port or 2379))])
-    lease = client.grant(30).ID
+    lease = client.grant(3600).ID  # not kept alive: it must outlast a slow run (it is revoked at the end)
     key = f"/bench-raw/{uuid.uuid4().hex}".encode()
     put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=b"t" * 32, lease=lease))
     create = rpc.TxnRequest(compare=[cmp_created(key, 0)], success=[put])
