@@ -228,7 +228,8 @@ class EtcdDriver:
                         continue
                 check_now = False
                 if handle.event.is_set():  # used up: the delete came, or the watch failed
-                    handle.cancel()
+                    # (cancelled after the re-check, on every path below: sending the cancel now would compete
+                    # with the re-check, which is on the hand-off's critical path)
                     failures = failures + 1 if handle.failed else 0
                     if failures:  # the stream broke or etcd refused the watch: back off before re-watching
                         stop.wait(min(1.0, 0.02 * 2**failures))
