@@ -1,19 +1,33 @@
-"""One multiplexed etcd Watch stream per driver, used by waiters to sleep until their predecessor goes.
+"""Waiters' wake-ups: one multiplexed etcd Watch stream per driver, one watch per contended lock on it.
 
-A waiter registers ``watch(key)`` and sleeps on the returned handle's ``event``.
-The event is set when the key is deleted (the stream filters out puts), when
-etcd cancels the watch (compaction, permission), or when the stream breaks.
-Watches start "now" (revision 0) rather than from a past revision: etcd serves
-a watch that starts in the past from its unsynced group, which it catches up
-only every 100 ms, and that would add up to 100 ms to every hand-off under
-contention. Instead ``created`` is set with the revision the watch started at,
-and the waiter re-checks if anything was written since it read its
-predecessor. Every wake-up is followed
-by the waiter's own re-check transaction, so a spurious wake costs one read and
-can never grant a lock. One reader thread serves every waiter of the driver:
-twenty waiters cost one stream, not twenty (the etcd Go client does the same).
+A waiter calls ``watch_after(pred, seen, start, end)`` and sleeps on the returned
+handle's ``event``, which is set when its predecessor key ``pred`` is deleted
+after revision ``seen`` (the revision of the read that named it), when the watch
+fails (etcd cancelled it: compaction, permission), or when the stream breaks.
+Every wake-up is followed by the waiter's own re-check transaction, so a
+spurious wake costs one read and can never grant a lock.
 
-etcd answers watch-create requests on a stream in the order they were sent
+**One watch per lock, not per wait.** The server-side watch covers the lock's
+whole key range (``start``..``end``, deletes only) and is shared by every waiter
+of that lock in this driver; it lives while the lock has waiters here, plus
+:data:`LINGER` seconds. A watch per wait was slower in two ways. Each wait paid a
+create round trip. And etcd 3.4 reads its current revision before registering a
+new watcher: when a write lands in between (under contention, often), the
+watcher goes to the "unsynced" group, whose events a catch-up loop delivers only
+every 100 ms, which stalled about one hand-off in fifty by up to 100 ms (traced
+across the contending processes). A long-lived watch is synced once and stays
+synced.
+
+**No delete is missed.** The watch reports every delete after the revision it
+started at; a waiter whose read predates that start must re-check at once
+(``watch_after`` returns ``check_now``). A delete that the stream delivered just
+before the waiter subscribed is remembered (the last :data:`RECENT` deletes per
+lock), so subscribing fires at once if ``pred`` was deleted after ``seen``;
+should ``seen`` be older than what is remembered, ``check_now`` is returned
+instead.
+
+One reader thread serves the stream (the etcd Go client multiplexes the same
+way). etcd answers watch-create requests on a stream in the order they were sent
 (this proto predates client-chosen watch ids), so pending creates are matched
 first in, first out.
 """
@@ -24,46 +38,134 @@ import collections
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import BackendUnavailable
 from ._etcd_client import EtcdClient, rpc
 
-__all__ = ["Watch", "Watcher"]
+__all__ = ["LINGER", "RECENT", "Watch", "Watcher"]
 
 log = logging.getLogger("lockkit")
 
+LINGER = 2.0
+"""Seconds a lock's watch outlives its last waiter here: a hot lock keeps it, an idle one frees it."""
+RECENT = 256
+"""Deletes remembered per watched lock, for a waiter that subscribes just after its predecessor went."""
+
 
 class Watch:
-    """A waiter's handle: ``event`` is set on the predecessor's delete or on any watch failure."""
+    """A waiter's handle: ``event`` is set on its predecessor's delete or on any watch failure."""
 
-    def __init__(self, stream: _Stream) -> None:
+    def __init__(self, key: bytes, after: int, on_cancel: Callable[[Watch], None]) -> None:
+        self.key = key
+        self.after = after
         self.event = threading.Event()
-        self.created = threading.Event()
-        self.revision = 0
-        """The store revision when the watch started: every later delete is reported."""
         self.failed = False
-        self.watch_id: int | None = None
         self.cancelled = False
-        self._stream = stream
+        self._on_cancel = on_cancel
 
     def fire(self, failed: bool = False) -> None:
         self.failed = self.failed or failed
         self.event.set()
-        self.created.set()
 
     def cancel(self) -> None:
-        """Stop watching (idempotent); the server-side watcher is cancelled too."""
-        self._stream.cancel(self)
+        """Stop waiting (idempotent)."""
+        self._on_cancel(self)
+
+
+class _LockWatch:
+    """The server-side watch on one lock's key range, shared by this driver's waiters of that lock."""
+
+    def __init__(self, start: bytes, end: bytes) -> None:
+        self.start, self.end = start, end
+        self.created = threading.Event()
+        self.revision = 0
+        """The store revision when the watch started: every later delete in the range is reported."""
+        self.watch_id: int | None = None
+        self.cancelled = False
+        self.users = 0
+        """Waiters that hold (or are about to take) a subscription; guarded by the Watcher's mutex."""
+        self.idle_since = time.monotonic()
+        self._mutex = threading.Lock()
+        self._failed = False
+        self._waiting: dict[bytes, list[Watch]] = {}
+        self._recent: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._horizon = 0
+        """Every delete at or after this revision is in ``_recent`` (or was handed to a waiter)."""
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    def started(self, revision: int) -> None:
+        self.revision = revision
+        self._horizon = revision + 1  # the watch reports deletes after ``revision``
+        self.created.set()
+
+    def subscribe(self, key: bytes, after: int, on_cancel: Callable[[Watch], None]) -> tuple[Watch, bool]:
+        """A handle fired by a delete of ``key`` after revision ``after``; also whether to re-check at once."""
+        handle = Watch(key, after, on_cancel)
+        with self._mutex:
+            if self._failed:
+                handle.fire(failed=True)
+                return handle, False
+            # Deletes after ``after`` but before what this watch reports or remembers would be missed:
+            # the caller must re-check now (the handle still fires for any later delete).
+            check_now = after + 1 < self._horizon
+            if not check_now and self._recent.get(key, 0) > after:
+                handle.fire()  # it went just before we subscribed
+                return handle, False
+            self._waiting.setdefault(key, []).append(handle)
+        return handle, check_now
+
+    def unsubscribe(self, handle: Watch) -> None:
+        with self._mutex:
+            waiters = self._waiting.get(handle.key)
+            if waiters is not None and handle in waiters:
+                waiters.remove(handle)
+                if not waiters:
+                    del self._waiting[handle.key]
+
+    def deliver(self, events: Any) -> None:
+        fired: list[Watch] = []
+        with self._mutex:
+            for event in events:
+                key, revision = bytes(event.kv.key), int(event.kv.mod_revision)
+                self._recent.pop(key, None)
+                self._recent[key] = revision
+                while len(self._recent) > RECENT:
+                    _, oldest = self._recent.popitem(last=False)
+                    self._horizon = oldest + 1
+                waiters = self._waiting.get(key)
+                if waiters:
+                    keep = [h for h in waiters if h.after >= revision]
+                    fired += [h for h in waiters if h.after < revision]
+                    if keep:
+                        self._waiting[key] = keep
+                    else:
+                        del self._waiting[key]
+        for handle in fired:
+            handle.fire()
+
+    def fail(self) -> None:
+        """The watch is gone (cancelled by etcd, or its stream broke): wake every waiter to re-check."""
+        with self._mutex:
+            self._failed = True
+            waiting, self._waiting = self._waiting, {}
+        self.created.set()
+        for handles in waiting.values():
+            for handle in handles:
+                handle.fire(failed=True)
 
 
 class _Stream:
     def __init__(self, client: EtcdClient) -> None:
         self._requests: queue.Queue[Any] = queue.Queue()
         self._mutex = threading.Lock()
-        self._pending: collections.deque[Watch] = collections.deque()
-        self._active: dict[int, Watch] = {}
+        self._pending: collections.deque[_LockWatch] = collections.deque()
+        self._active: dict[int, _LockWatch] = {}
         self.alive = True
         self._call = client.watch_stream(self._feed())
         self._reader = threading.Thread(target=self._read, name="lockkit-etcd-watch", daemon=True)
@@ -76,24 +178,24 @@ class _Stream:
                 return
             yield item
 
-    def add(self, key: bytes) -> Watch:
-        handle = Watch(self)
-        create = rpc.WatchCreateRequest(key=key, filters=[rpc.WatchCreateRequest.NOPUT])
+    def add(self, start: bytes, end: bytes) -> _LockWatch:
+        watch = _LockWatch(start, end)
+        create = rpc.WatchCreateRequest(key=start, range_end=end, filters=[rpc.WatchCreateRequest.NOPUT])
         with self._mutex:
             if not self.alive:
-                handle.fire(failed=True)
-                return handle
-            self._pending.append(handle)
+                watch.fail()
+                return watch
+            self._pending.append(watch)
             self._requests.put(rpc.WatchRequest(create_request=create))
-        return handle
+        return watch
 
-    def cancel(self, handle: Watch) -> None:
+    def cancel(self, watch: _LockWatch) -> None:
         with self._mutex:
-            if handle.cancelled:
+            if watch.cancelled:
                 return
-            handle.cancelled = True
-            if handle.watch_id is not None and self._active.pop(handle.watch_id, None) is not None and self.alive:
-                cancel = rpc.WatchCancelRequest(watch_id=handle.watch_id)
+            watch.cancelled = True
+            if watch.watch_id is not None and self._active.pop(watch.watch_id, None) is not None and self.alive:
+                cancel = rpc.WatchCancelRequest(watch_id=watch.watch_id)
                 self._requests.put(rpc.WatchRequest(cancel_request=cancel))
             # a still-pending create is cancelled when its "created" reply arrives
 
@@ -108,75 +210,113 @@ class _Stream:
             self.close()
 
     def _dispatch(self, response: Any) -> None:
+        found: _LockWatch | None = None
+        failed: _LockWatch | None = None
         with self._mutex:
             if response.created:
-                handle = self._pending.popleft() if self._pending else None
-                if handle is None:
+                watch = self._pending.popleft() if self._pending else None
+                if watch is None:
                     return
                 if response.canceled:
-                    handle.fire(failed=True)  # refused (e.g. permission): the waiter re-checks and backs off
+                    failed = watch  # refused (e.g. permission): its waiters re-check and back off
+                else:
+                    watch.watch_id = int(response.watch_id)
+                    if watch.cancelled:
+                        cancel = rpc.WatchCancelRequest(watch_id=watch.watch_id)
+                        self._requests.put(rpc.WatchRequest(cancel_request=cancel))
+                    else:
+                        self._active[watch.watch_id] = watch
+                        watch.started(int(response.header.revision))
+                    # a created reply carries no events; they follow in later messages
+            else:
+                found = self._active.get(int(response.watch_id))
+                if found is None:
                     return
-                handle.watch_id = int(response.watch_id)
-                handle.revision = int(response.header.revision)
-                handle.created.set()
-                if handle.cancelled:
-                    cancel = rpc.WatchCancelRequest(watch_id=handle.watch_id)
-                    self._requests.put(rpc.WatchRequest(cancel_request=cancel))
-                    return
-                self._active[handle.watch_id] = handle
-                # a created reply carries no events; they follow in later messages
-                return
-            found = self._active.get(int(response.watch_id))
-            if found is None:
-                return
-            if response.canceled:
-                self._active.pop(int(response.watch_id), None)
-                found.fire(failed=True)
-            elif len(response.events):
-                found.fire()
+                if response.canceled:
+                    self._active.pop(int(response.watch_id), None)
+                    failed, found = found, None
+        # waiters are woken outside the stream's mutex (a lock watch takes its own)
+        if failed is not None:
+            failed.fail()
+        elif found is not None and len(response.events):
+            found.deliver(response.events)
 
     def close(self) -> None:
         with self._mutex:
             if not self.alive:
                 return
             self.alive = False
-            handles = list(self._pending) + list(self._active.values())
+            watches = list(self._pending) + list(self._active.values())
             self._pending.clear()
             self._active.clear()
             self._requests.put(None)
         self._call.cancel()
-        for handle in handles:
-            handle.fire(failed=True)
+        for watch in watches:
+            watch.fail()
 
 
 class Watcher:
-    """Hands out watches on the driver's current stream; opens a new stream when the last one broke."""
+    """Hands out waits on the driver's current stream; opens a new stream when the last one broke."""
 
     def __init__(self, client: EtcdClient) -> None:
         self._client = client
         self._mutex = threading.Lock()
         self._stream: _Stream | None = None
+        self._locks: dict[tuple[bytes, bytes], _LockWatch] = {}
         self._closed = False
 
-    def watch(self, key: bytes) -> Watch:
+    def _lock_watch(self, start: bytes, end: bytes) -> tuple[_Stream, _LockWatch]:
+        """The live watch of this lock range (made if needed), with one user reserved for the caller."""
         with self._mutex:
             if self._stream is None or not self._stream.alive:
                 if self._closed:
                     raise BackendUnavailable("the etcd driver is closed")
                 self._stream = _Stream(self._client)
+                self._locks = {}
             stream = self._stream
-        return stream.add(key)
+            now = time.monotonic()
+            for key, idle in list(self._locks.items()):  # free the watches of locks nobody waits for
+                if idle.users == 0 and now - idle.idle_since > LINGER:
+                    del self._locks[key]
+                    stream.cancel(idle)
+            watch = self._locks.get((start, end))
+            if watch is None or watch.cancelled or watch.failed:
+                watch = self._locks[(start, end)] = stream.add(start, end)
+            watch.users += 1
+        return stream, watch
 
-    def watch_after(self, key: bytes, seen: int) -> tuple[Watch, bool]:
-        """Watch ``key`` from now; also say whether to re-check (anything written since we read it at ``seen``)."""
-        handle = self.watch(key)
-        if not handle.created.wait(self._client.timeout):
+    def _release(self, watch: _LockWatch) -> None:
+        with self._mutex:
+            watch.users -= 1
+            if watch.users == 0:
+                watch.idle_since = time.monotonic()
+
+    def watch_after(self, key: bytes, seen: int, start: bytes, end: bytes) -> tuple[Watch, bool]:
+        """Wait for ``key``'s delete after revision ``seen`` (``start``..``end``: the lock's key range).
+
+        Also returns whether to re-check at once: the lock's watch started after ``seen``, so a delete
+        between the two would not be reported.
+        """
+        _, watch = self._lock_watch(start, end)
+        done = threading.Lock()
+
+        def cancel(handle: Watch) -> None:
+            with done:
+                if handle.cancelled:
+                    return
+                handle.cancelled = True
+            watch.unsubscribe(handle)
+            self._release(watch)
+
+        if not watch.created.wait(self._client.timeout):
+            handle = Watch(key, seen, cancel)
             handle.fire(failed=True)
             return handle, False
-        return handle, handle.revision > seen  # the delete may have come before the watch started
+        handle, check_now = watch.subscribe(key, seen, cancel)
+        return handle, check_now or watch.revision > seen
 
     def reset(self) -> None:
-        """Drop the current stream (waiters wake and re-check); the next watch opens a fresh one."""
+        """Drop the current stream (waiters wake and re-check); the next wait opens a fresh one."""
         with self._mutex:
             stream, self._stream = self._stream, None
         if stream is not None:

@@ -197,7 +197,7 @@ class EtcdDriver:
         """Sleep until our predecessor's delete, re-check, repeat; the Grant, None (gave up) or _REQUEUE."""
         revision, pred = placed.revision, placed.predecessor or b""
         stop = threading.Event()
-        handle, check_now = self._watcher.watch_after(pred, placed.seen)
+        handle, check_now = self._watcher.watch_after(pred, placed.seen, start, end)
 
         def wake() -> None:
             stop.set()
@@ -263,7 +263,7 @@ class EtcdDriver:
                     continue  # the live watch started before this read: it will see pred's delete
                 handle.cancel()
                 pred = kvs[0].key
-                handle, check_now = self._watcher.watch_after(pred, int(check.header.revision))
+                handle, check_now = self._watcher.watch_after(pred, int(check.header.revision), start, end)
         finally:
             with self._mutex:
                 session.waiters -= 1

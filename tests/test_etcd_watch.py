@@ -1,0 +1,108 @@
+"""The etcd driver's wake-ups (lockkit/drivers/_etcd_watch.py) against a real etcd: one watch per lock range,
+shared by the lock's waiters, never missing a predecessor's delete."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from backends.servers import EtcdServer
+from lockkit.drivers import _etcd_watch
+from lockkit.drivers._etcd_client import EtcdClient, rpc
+from lockkit.drivers._etcd_keys import name_range
+
+
+@pytest.fixture
+def client(etcd_server: EtcdServer) -> Iterator[EtcdClient]:
+    c = EtcdClient([(etcd_server.host, etcd_server.port)])
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def watcher(client: EtcdClient) -> Iterator[_etcd_watch.Watcher]:
+    w = _etcd_watch.Watcher(client)
+    yield w
+    w.close()
+
+
+def lock_range() -> tuple[bytes, bytes]:
+    return name_range("/watch-test/", f"w-{uuid.uuid4().hex[:8]}")
+
+
+def put(client: EtcdClient, key: bytes) -> int:
+    return int(client.call("KV", "Put", rpc.PutRequest(key=key, value=b"v")).header.revision)
+
+
+def delete(client: EtcdClient, key: bytes) -> int:
+    return int(client.call("KV", "DeleteRange", rpc.DeleteRangeRequest(key=key)).header.revision)
+
+
+def server_watchers(server: EtcdServer) -> int:
+    """etcd's own count of registered watchers (its debugging gauge)."""
+    _, body = server.http_get("/metrics")
+    found = re.search(rb"^etcd_debugging_mvcc_watcher_total (\S+)$", body, re.M)
+    assert found is not None
+    return int(float(found.group(1)))
+
+
+def test_a_delete_wakes_only_the_waiter_behind_that_key(client: EtcdClient, watcher: _etcd_watch.Watcher) -> None:
+    start, end = lock_range()
+    first, second = start + b"a", start + b"b"
+    seen = max(put(client, first), put(client, second))
+    put(client, b"/watch-test-elsewhere")  # a write after the read: the lock's watch starts later than ``seen``
+    behind_first, check_now = watcher.watch_after(first, seen, start, end)
+    behind_second, check_second = watcher.watch_after(second, seen, start, end)
+    assert check_now and check_second  # a delete in between would not be reported: look once before sleeping
+    delete(client, first)
+    assert behind_first.event.wait(5) and not behind_first.failed
+    assert not behind_second.event.wait(0.2)
+    delete(client, second)
+    assert behind_second.event.wait(5)
+    behind_first.cancel()
+    behind_second.cancel()
+
+
+def test_a_delete_delivered_before_the_waiter_subscribed_wakes_it_at_once(
+    client: EtcdClient, watcher: _etcd_watch.Watcher
+) -> None:
+    start, end = lock_range()
+    key = start + b"pred"
+    written = put(client, key)
+    sentinel, _ = watcher.watch_after(key, written, start, end)  # opens the lock's watch
+    gone = delete(client, key)
+    assert sentinel.event.wait(5)  # the delete has reached this driver
+    late, check_now = watcher.watch_after(key, gone - 1, start, end)  # read before the delete, subscribed after
+    assert late.event.is_set() and not check_now
+    fresh, check_now = watcher.watch_after(key, gone, start, end)  # read after the delete: a later one only
+    assert not fresh.event.is_set() and not check_now
+    put(client, key)
+    delete(client, key)
+    assert fresh.event.wait(5)
+    for handle in (sentinel, late, fresh):
+        handle.cancel()
+
+
+def test_one_server_watch_per_lock_shared_by_its_waiters_and_freed_when_idle(
+    etcd_server: EtcdServer, client: EtcdClient, watcher: _etcd_watch.Watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_etcd_watch, "LINGER", 0.2)
+    start, end = lock_range()
+    seen = put(client, start + b"x")
+    before = server_watchers(etcd_server)
+    handles = [watcher.watch_after(start + b"x", seen, start, end)[0] for _ in range(5)]
+    assert server_watchers(etcd_server) == before + 1  # five waits, one server-side watcher
+    for handle in handles:
+        handle.cancel()
+    time.sleep(0.3)
+    other_start, other_end = lock_range()
+    other, _ = watcher.watch_after(other_start + b"y", seen, other_start, other_end)  # reaps the idle one
+    deadline = time.monotonic() + 5
+    while server_watchers(etcd_server) != before + 1:  # the idle lock's watcher gone, the new one there
+        assert time.monotonic() < deadline, "the idle lock's watch was not cancelled on the server"
+        time.sleep(0.05)
+    other.cancel()
