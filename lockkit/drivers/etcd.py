@@ -18,8 +18,9 @@ name until compaction).
 * **acquire** is one transaction: if our key does not exist, put it under the
   session lease and read the two newest keys of the name's range. If ours is the
   only one we hold the lock (one round trip). Otherwise the other key is our
-  predecessor: we watch only it, from the read's revision, and after its delete
-  re-check in one transaction that our key still exists and what is now below it.
+  predecessor: we wait for its delete (reported by the driver's one watch on the
+  lock's range, see :mod:`._etcd_watch`), then re-check in one transaction that
+  our key still exists and what is now below it.
   Before reporting "acquired" we know our key exists (so its lease was alive at
   that revision) and that the session's last keepalive is recent (etcd #11456).
   A one-shot attempt (deadline already past) puts its key only if the name's
