@@ -4,6 +4,7 @@ shared by the lock's waiters, never missing a predecessor's delete."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -106,3 +107,47 @@ def test_one_server_watch_per_lock_shared_by_its_waiters_and_freed_when_idle(
         assert time.monotonic() < deadline, "the idle lock's watch was not cancelled on the server"
         time.sleep(0.05)
     other.cancel()
+
+
+def test_a_watch_refused_for_an_expired_stream_token_opens_a_fresh_stream(fresh_etcd) -> None:  # type: ignore[no-untyped-def]
+    """etcd checks a stream's auth token at every watch create, and a stream keeps the token it opened with;
+    with the token expired, the refused create must lead to a fresh stream, not to waiters polling."""
+    import subprocess
+
+    import lockkit
+
+    server = fresh_etcd(extra_args=["--auth-token-ttl", "1"])
+
+    def ctl(*args: str) -> None:
+        subprocess.run(["etcdctl", *args], env=server.etcdctl_env(), capture_output=True, check=True, timeout=15)
+
+    ctl("user", "add", "root:rootpw", "--interactive=false")
+    ctl("role", "add", "root")
+    ctl("user", "grant-role", "root", "root")
+    ctl("role", "add", "lockkit")
+    ctl("role", "grant-permission", "--prefix=true", "lockkit", "readwrite", "/lockkit/")
+    ctl("user", "add", "lk:s3cr3t-XYZ", "--interactive=false")
+    ctl("user", "grant-role", "lk", "lockkit")
+    ctl("auth", "enable")
+    url = f"etcd://lk:s3cr3t-XYZ@127.0.0.1:{server.port}"
+    with lockkit.connect(url) as holder, lockkit.connect(url) as waiter:
+        driver = waiter._backends["default"].driver  # type: ignore[attr-defined]
+
+        def hand_over(name: str) -> lockkit.Lease:
+            held = holder.lock(name, ttl=5)
+            held.acquire(timeout=5)
+            got: list[lockkit.Lease] = []
+            thread = threading.Thread(target=lambda: got.append(waiter.lock(name, ttl=5).acquire(timeout=10)))
+            thread.start()
+            time.sleep(0.3)  # the waiter is queued and watching
+            held.release()
+            thread.join(10)
+            assert got and got[0].valid
+            return got[0]
+
+        hand_over("first")
+        stream = driver._watcher._stream
+        time.sleep(2.5)  # the stream's token expires; ordinary calls re-authenticate, the stream cannot
+        hand_over("second")
+        assert driver._watcher._stream is not stream  # the refused create closed the stale stream
+        assert driver._watcher._stream.alive

@@ -10,7 +10,8 @@ spurious wake costs one read and can never grant a lock.
 **One watch per lock, not per wait.** The server-side watch covers the lock's
 whole key range (``start``..``end``, deletes only) and is shared by every waiter
 of that lock in this driver; it lives while the lock has waiters here, plus
-:data:`LINGER` seconds. A watch per wait was slower in two ways. Each wait paid a
+:data:`LINGER` seconds (one timer thread, alive only while some watch is idle,
+cancels it then). A watch per wait was slower in two ways. Each wait paid a
 create round trip. And etcd 3.4 reads its current revision before registering a
 new watcher: when a write lands in between (under contention, often), the
 watcher goes to the "unsynced" group, whose events a catch-up loop delivers only
@@ -238,6 +239,12 @@ class _Stream:
         # waiters are woken outside the stream's mutex (a lock watch takes its own)
         if failed is not None:
             failed.fail()
+            if response.created:
+                # A refused create: etcd checks the stream's auth token on every create, and a stream keeps
+                # the token it was opened with, which expires (300 s idle by default) while ordinary calls
+                # re-authenticate. Closing the stream lets the next wait open one with the current token;
+                # for a real permission denial, the waiters' backoff keeps this from becoming a storm.
+                self.close()
         elif found is not None and len(response.events):
             found.deliver(response.events)
 
@@ -263,6 +270,9 @@ class Watcher:
         self._mutex = threading.Lock()
         self._stream: _Stream | None = None
         self._locks: dict[tuple[bytes, bytes], _LockWatch] = {}
+        self._idle: collections.OrderedDict[tuple[bytes, bytes], _LockWatch] = collections.OrderedDict()
+        """Lock watches nobody waits on, oldest first: cancelled :data:`LINGER` seconds after their last wait."""
+        self._reaper: threading.Timer | None = None
         self._closed = False
 
     def _lock_watch(self, start: bytes, end: bytes) -> tuple[_Stream, _LockWatch]:
@@ -272,24 +282,48 @@ class Watcher:
                 if self._closed:
                     raise BackendUnavailable("the etcd driver is closed")
                 self._stream = _Stream(self._client)
-                self._locks = {}
+                self._locks, self._idle = {}, collections.OrderedDict()
             stream = self._stream
-            now = time.monotonic()
-            for key, idle in list(self._locks.items()):  # free the watches of locks nobody waits for
-                if idle.users == 0 and now - idle.idle_since > LINGER:
-                    del self._locks[key]
-                    stream.cancel(idle)
             watch = self._locks.get((start, end))
             if watch is None or watch.cancelled or watch.failed:
                 watch = self._locks[(start, end)] = stream.add(start, end)
             watch.users += 1
+            self._idle.pop((start, end), None)
         return stream, watch
 
     def _release(self, watch: _LockWatch) -> None:
         with self._mutex:
             watch.users -= 1
-            if watch.users == 0:
+            if watch.users == 0 and self._locks.get((watch.start, watch.end)) is watch:
                 watch.idle_since = time.monotonic()
+                self._idle[(watch.start, watch.end)] = watch
+                if self._reaper is None and not self._closed:
+                    self._schedule_reaper(LINGER)
+
+    def _schedule_reaper(self, delay: float) -> None:
+        # one short-lived timer thread at a time, and only while some lock watch is idle
+        self._reaper = threading.Timer(delay, self._reap)
+        self._reaper.daemon = True
+        self._reaper.name = "lockkit-etcd-watch-reaper"
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        """Cancel the watches of locks nobody has waited on for LINGER seconds."""
+        with self._mutex:
+            self._reaper = None
+            stream, now = self._stream, time.monotonic()
+            expired: list[_LockWatch] = []
+            while self._idle:
+                key, watch = next(iter(self._idle.items()))
+                if now - watch.idle_since < LINGER:
+                    self._schedule_reaper(LINGER - (now - watch.idle_since))
+                    break
+                del self._idle[key]
+                self._locks.pop(key, None)
+                expired.append(watch)
+        if stream is not None:
+            for watch in expired:
+                stream.cancel(watch)
 
     def watch_after(self, key: bytes, seen: int, start: bytes, end: bytes) -> tuple[Watch, bool]:
         """Wait for ``key``'s delete after revision ``seen`` (``start``..``end``: the lock's key range).
@@ -326,5 +360,8 @@ class Watcher:
         with self._mutex:
             self._closed = True
             stream, self._stream = self._stream, None
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.cancel()
         if stream is not None:
             stream.close()

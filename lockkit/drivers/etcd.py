@@ -64,7 +64,7 @@ from ._etcd_config import EtcdOptions, open_client
 from ._etcd_keys import name_range
 from ._etcd_presence import PresenceRecords
 from ._etcd_session import Held, Session, Sessions
-from ._etcd_watch import Watcher
+from ._etcd_watch import Watch, Watcher
 
 __all__ = ["EtcdDriver", "EtcdOptions"]
 
@@ -208,6 +208,7 @@ class EtcdDriver:
         with self._mutex:
             session.waiters += 1
         failures = 0
+        consumed: Watch | None = None  # the handle whose wake-up was already counted
         next_refresh = session.refreshed_at + session.ttl / 2
         try:
             while True:
@@ -228,9 +229,11 @@ class EtcdDriver:
                     if stop.is_set():
                         continue
                 check_now = False
-                if handle.event.is_set():  # used up: the delete came, or the watch failed
+                if handle.event.is_set() and handle is not consumed:  # the delete came, or the watch failed
                     # (cancelled after the re-check, on every path below: sending the cancel now would compete
-                    # with the re-check, which is on the hand-off's critical path)
+                    # with the re-check, which is on the hand-off's critical path). Counted once per wake-up,
+                    # so that failed re-checks keep backing off while the event stays set.
+                    consumed = handle
                     failures = failures + 1 if handle.failed else 0
                     if failures:  # the stream broke or etcd refused the watch: back off before re-watching
                         stop.wait(min(1.0, 0.02 * 2**failures))
@@ -266,6 +269,7 @@ class EtcdDriver:
                 pred = kvs[0].key
                 handle, check_now = self._watcher.watch_after(pred, int(check.header.revision), start, end)
         finally:
+            handle.cancel()  # idempotent; here for the exits no branch above covers (an unexpected error)
             with self._mutex:
                 session.waiters -= 1
             if unhook is not None:
