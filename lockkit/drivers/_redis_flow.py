@@ -112,11 +112,11 @@ def _left(clock: Clock, deadline: float | None) -> float | None:
 def release_call(keys: LockKeys, token: str | None) -> Call:
     """The single-node release: hand the lock to the first live waiter, else delete it and wake everyone."""
     script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
-    return Call(script, (keys.lock, keys.queue, keys.alive), (token or "", keys.channel, CLAIM_MS))
+    return Call(script, (keys.lock, keys.queue, keys.alive), (token or "", keys.channel, CLAIM_MS, keys.clients))
 
 
 def leave_call(keys: LockKeys, wid: str) -> Call:
-    return Call(LEAVE, (keys.lock, keys.queue, keys.alive), (wid, keys.channel, CLAIM_MS))
+    return Call(LEAVE, (keys.lock, keys.queue, keys.alive), (wid, keys.channel, CLAIM_MS, keys.clients))
 
 
 def acquire_flow(

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from ._redis_config import NodeSpec
+from ._redis_keys import client_channel
 
 __all__ = ["Hub", "LoopThread", "Snapshot", "Wake"]
 
@@ -47,6 +49,9 @@ Snapshot = tuple[int, int] | None
 class Hub:
     def __init__(self, spec: NodeSpec) -> None:
         self._spec = spec
+        self.client_id = secrets.token_hex(6)
+        self.client_channel = client_channel(spec.options.prefix, self.client_id)
+        """Where a fair release tells this client's waiters that the lock is reserved for one of them."""
         self._waiters: dict[bytes, set[Wake]] = {}
         self._sent: set[bytes] = set()
         self._active: set[bytes] = set()

@@ -7,6 +7,8 @@ With the default prefix ``lockkit:`` the lock named ``N`` uses::
     lockkit:{E}:wake    the pub/sub channel a release publishes to
     lockkit:{E}:queue   redis:// only: waiter ids in arrival order (a list)
     lockkit:{E}:alive   redis:// only: waiter id → alive-until in server ms (a sorted set)
+    lockkit:client:C    redis:// only: the pub/sub channel of client C, on which a release tells one of
+                        C's waiters that the lock is reserved for it (waiter ids are "C.<random>")
 
 and the presence group ``G`` (see :mod:`._redis_presence`) uses::
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_PREFIX", "LockKeys", "check_prefix", "lock_keys", "presence_keys"]
+__all__ = ["DEFAULT_PREFIX", "LockKeys", "check_prefix", "client_channel", "lock_keys", "presence_keys"]
 
 DEFAULT_PREFIX = "lockkit:"
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
@@ -41,6 +43,8 @@ class LockKeys:
     channel: bytes
     queue: bytes
     alive: bytes
+    clients: bytes
+    """The prefix of the clients' own wake-up channels (``<prefix>client:<client id>``; a channel, not a key)."""
 
 
 def check_prefix(prefix: str) -> str:
@@ -52,7 +56,13 @@ def check_prefix(prefix: str) -> str:
 @functools.lru_cache(maxsize=1 << 16)  # a renewal round maps thousands of the same names every ttl/3
 def lock_keys(prefix: str, name: str) -> LockKeys:
     base = f"{prefix}{{{name.translate(_ESCAPES)}}}".encode()
-    return LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive")
+    clients = f"{prefix}client:".encode()
+    return LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive", clients)
+
+
+def client_channel(prefix: str, client_id: str) -> bytes:
+    """The channel a fair hand-off to one of this client's waiters is published on."""
+    return f"{prefix}client:{client_id}".encode()
 
 
 def presence_keys(prefix: str, group: str) -> tuple[bytes, bytes]:

@@ -206,10 +206,19 @@ local function first_live(queue, alive, skip, now)
 end
 """
 
-# KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset).  ARGV[2] channel; ARGV[3] claim window ms
+# KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset).  ARGV[2] channel; ARGV[3] claim window ms;
+# ARGV[4] the prefix of the clients' own channels. A hand-off is published on the channel of the client whose
+# waiter it names (a waiter id is "<client id>.<random>"), not on the lock's channel, so a release wakes one
+# client's pub/sub reader rather than every contender's (with four contending processes, waking all four at
+# the hand-off's critical moment doubled the release's round trip on two cores).
 _HANDOFF = (
     _NOW
     + """
+local function channel_of(wid)
+  local client = string.match(wid, '^([^.]+)%.')
+  if client then return ARGV[4] .. client end
+  return ARGV[2]
+end
 local function hand_off()
   local now
   local head = redis.call('lindex', KEYS[2], 0)
@@ -222,7 +231,10 @@ local function hand_off()
     redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), head)
     -- "head next": the head claims now; the next one looks again when the claim window lapses, in case
     -- the head died
-    redis.call('publish', ARGV[2], head .. ' ' .. (redis.call('lindex', KEYS[2], 1) or ''))
+    local second = redis.call('lindex', KEYS[2], 1) or ''
+    local message, channel = head .. ' ' .. second, channel_of(head)
+    redis.call('publish', channel, message)
+    if second ~= '' and channel_of(second) ~= channel then redis.call('publish', channel_of(second), message) end
   else
     redis.call('del', KEYS[1])
     redis.call('publish', ARGV[2], '')
@@ -283,7 +295,8 @@ return {0, wait}
 """,
 )
 
-# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] token; ARGV[2] channel; ARGV[3] claim window ms
+# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] token; ARGV[2] channel; ARGV[3] claim window ms;
+# ARGV[4] clients' channel prefix
 # -> 1 if the key held our token (handed to the first live waiter, or deleted and everyone woken); 0 otherwise
 FAIR_RELEASE = Script(
     "fair_release",
@@ -315,7 +328,8 @@ return string.sub(cur, 1, 1) == '~' and 0 or 1
 """,
 )
 
-# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] waiter id; ARGV[2] channel; ARGV[3] claim window ms
+# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] waiter id; ARGV[2] channel; ARGV[3] claim window ms;
+# ARGV[4] clients' channel prefix
 # -> 1. A waiter giving up leaves the queue, and passes on a reservation made for it.
 LEAVE = Script(
     "leave",

@@ -37,11 +37,11 @@ class SyncWatcher:
     """
 
     def __init__(
-        self, loop: LoopThread, hubs: Sequence[Hub], channel: bytes, cancel: Cancel | None, wid: str | None = None
+        self, loop: LoopThread, targets: Sequence[tuple[Hub, bytes]], cancel: Cancel | None, wid: str | None = None
     ) -> None:
-        self._loop, self._hubs, self._channel, self._cancel = loop, hubs, channel, cancel
+        self._loop, self._targets, self._cancel = loop, targets, cancel
         self._wid = None if wid is None else wid.encode()
-        self._before = [hub.snapshot(channel) for hub in hubs]
+        self._before = [hub.snapshot(channel) for hub, channel in targets]
         self._urgent = False
         self._watching = False
         # The event and the cancel hook are made at the first watch or wait: an uncontended acquire
@@ -70,8 +70,8 @@ class SyncWatcher:
         """Subscribe without a round trip to the loop thread: the hub wakes us if we must look again."""
         self._armed()
         self._watching = True
-        for hub, before in zip(self._hubs, self._before, strict=True):
-            self._loop.call(hub.watch_soon, self._channel, self._message, before)
+        for (hub, channel), before in zip(self._targets, self._before, strict=True):
+            self._loop.call(hub.watch_soon, channel, self._message, before)
         return False
 
     def wait(self, timeout: float | None) -> str:
@@ -95,17 +95,17 @@ class SyncWatcher:
         if self._unhook is not None:
             self._unhook()
         if self._watching:
-            for hub in self._hubs:
-                self._loop.call(hub.unwatch, self._channel, self._message)
+            for hub, channel in self._targets:
+                self._loop.call(hub.unwatch, channel, self._message)
 
 
 class AsyncWatcher:
     """One asyncio waiter (cancellation arrives as CancelledError, not as an outcome)."""
 
-    def __init__(self, hubs: Sequence[Hub], channel: bytes, wid: str | None = None) -> None:
-        self._hubs, self._channel = hubs, channel
+    def __init__(self, targets: Sequence[tuple[Hub, bytes]], wid: str | None = None) -> None:
+        self._targets = targets
         self._wid = None if wid is None else wid.encode()
-        self._before = [hub.snapshot(channel) for hub in hubs]
+        self._before = [hub.snapshot(channel) for hub, channel in targets]
         self._event = asyncio.Event()
         self._urgent = False
         self._watching = False
@@ -122,8 +122,8 @@ class AsyncWatcher:
         self._watching = True
         missed = await asyncio.gather(
             *(
-                hub.watch(self._channel, self._message, before)
-                for hub, before in zip(self._hubs, self._before, strict=True)
+                hub.watch(channel, self._message, before)
+                for (hub, channel), before in zip(self._targets, self._before, strict=True)
             )
         )
         return any(missed)
@@ -144,5 +144,5 @@ class AsyncWatcher:
 
     def close(self) -> None:
         if self._watching:
-            for hub in self._hubs:
-                hub.unwatch(self._channel, self._message)
+            for hub, channel in self._targets:
+                hub.unwatch(channel, self._message)

@@ -185,8 +185,10 @@ class RedisDriver:
     ) -> Grant | None:
         if cancel is not None and cancel.cancelled:
             return None
-        wid = secrets.token_hex(8)
-        watcher = SyncWatcher(self._loop, [self._hub], self._shared.keys(name).channel, cancel, wid)
+        wid = f"{self._hub.client_id}.{secrets.token_hex(6)}"  # a hand-off to it goes to this client's channel
+        hub = self._hub
+        targets = [(hub, self._shared.keys(name).channel), (hub, hub.client_channel)]
+        watcher = SyncWatcher(self._loop, targets, cancel, wid)
 
         def perform(op: Op) -> Any:
             if isinstance(op, Send):
@@ -269,8 +271,9 @@ class AsyncRedisDriver:
             raise unavailable(self._node.spec.label, exc) from exc
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        wid = secrets.token_hex(8)
-        watcher = AsyncWatcher([self._hub], self._shared.keys(name).channel, wid)
+        wid = f"{self._hub.client_id}.{secrets.token_hex(6)}"
+        hub = self._hub
+        watcher = AsyncWatcher([(hub, self._shared.keys(name).channel), (hub, hub.client_channel)], wid)
 
         async def perform(op: Op) -> Any:
             if isinstance(op, Send):

@@ -217,7 +217,8 @@ class RedlockDriver:
         if cancel is not None and cancel.cancelled:
             return None
         channel = lock_keys(self._shared.options.prefix, name).channel
-        watcher = SyncWatcher(self._loop, self._hubs, channel, cancel)  # before the first attempt: its snapshot
+        # made before the first attempt: its snapshot of the hubs must predate it
+        watcher = SyncWatcher(self._loop, [(hub, channel) for hub in self._hubs], cancel)
 
         def perform(op: Op) -> Any:
             if isinstance(op, Send):
@@ -314,7 +315,8 @@ class AsyncRedlockDriver:
         return results
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        watcher = AsyncWatcher(self._hubs, lock_keys(self._shared.options.prefix, name).channel)
+        channel = lock_keys(self._shared.options.prefix, name).channel
+        watcher = AsyncWatcher([(hub, channel) for hub in self._hubs])
 
         async def perform(op: Op) -> Any:
             if isinstance(op, Send):
