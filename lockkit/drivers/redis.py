@@ -23,8 +23,9 @@ hash tag. Presence records (for ``migrate``) live under ``{prefix}presence:``.
 acquire takes a free lock (``SET PX`` + ``INCR`` of the fence, one round trip)
 or returns the holder's PTTL and queues the waiter; renew = compare-and-
 ``PEXPIRE``; release = compare, then hand the lock to the first live queued
-waiter as a short reservation and wake only it (``PUBLISH`` of its id), or
-delete it. ``renew_many`` is one pipeline per round. Waiters sleep on one
+waiter as a short reservation and wake only it (``PUBLISH`` of its id on its
+client's own channel, ``<prefix>client:<client id>``), or delete it.
+``renew_many`` is one pipeline per round. Waiters sleep on one
 shared pub/sub connection (:mod:`._redis_hub`) and re-check once at the holder's
 expiry. A connection error is retried once on a fresh connection for renew and
 release, never for acquire.
