@@ -89,9 +89,22 @@ def test_a_delete_delivered_before_the_waiter_subscribed_wakes_it_at_once(
 
 
 def test_one_server_watch_per_lock_shared_by_its_waiters_and_freed_when_idle(
-    etcd_server: EtcdServer, client: EtcdClient, watcher: _etcd_watch.Watcher, monkeypatch: pytest.MonkeyPatch
+    fresh_etcd,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
+    # an etcd of its own: the watcher count below must not move with other tests' clients
+    etcd_server = fresh_etcd()
     monkeypatch.setattr(_etcd_watch, "LINGER", 0.2)
+    client = EtcdClient([(etcd_server.host, etcd_server.port)])
+    watcher = _etcd_watch.Watcher(client)
+    try:
+        _watch_sharing_and_reaping(etcd_server, client, watcher)
+    finally:
+        watcher.close()
+        client.close()
+
+
+def _watch_sharing_and_reaping(etcd_server: EtcdServer, client: EtcdClient, watcher: _etcd_watch.Watcher) -> None:
     start, end = lock_range()
     seen = put(client, start + b"x")
     before = server_watchers(etcd_server)
@@ -99,14 +112,13 @@ def test_one_server_watch_per_lock_shared_by_its_waiters_and_freed_when_idle(
     assert server_watchers(etcd_server) == before + 1  # five waits, one server-side watcher
     for handle in handles:
         handle.cancel()
-    time.sleep(0.3)
-    other_start, other_end = lock_range()
-    other, _ = watcher.watch_after(other_start + b"y", seen, other_start, other_end)  # reaps the idle one
     deadline = time.monotonic() + 5
-    while server_watchers(etcd_server) != before + 1:  # the idle lock's watcher gone, the new one there
+    while server_watchers(etcd_server) != before:  # freed LINGER after its last wait, with no other wait
         assert time.monotonic() < deadline, "the idle lock's watch was not cancelled on the server"
         time.sleep(0.05)
-    other.cancel()
+    again, _ = watcher.watch_after(start + b"x", seen, start, end)  # a later wait opens a new one
+    assert server_watchers(etcd_server) == before + 1
+    again.cancel()
 
 
 def test_a_watch_refused_for_an_expired_stream_token_opens_a_fresh_stream(fresh_etcd) -> None:  # type: ignore[no-untyped-def]
