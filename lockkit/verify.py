@@ -82,6 +82,10 @@ class VerifyReport:
     handoff_ms_p50: float | None = None
     handoff_ms_p99: float | None = None
     takeover_ms: list[float] = field(default_factory=list)
+    expired_on_entry: int = 0
+    """Holders whose lease had already expired when they entered (paused right after the grant): not overlaps."""
+    first_overlap: list[list[float | int | str]] | None = None
+    """The first two overlapping entries (entered, left, pid, fencing token, write outcome), for diagnosis."""
 
     @property
     def ok(self) -> bool:
@@ -119,10 +123,23 @@ def _analyse(report: VerifyReport, log: Path, store: FencedStore, kill_times: li
         entries.append((float(entered), float(left), int(pid), int(token), written))
     entries.sort()
     report.acquisitions = len(entries)
+    # A lease's validity interval in the critical section is [entered, left]. It is empty when the holder was
+    # paused between the grant and ``entered`` until its lease had expired (left < entered): such a holder
+    # never held a valid lease there (and did not write), so it cannot overlap anyone. Every non-empty
+    # interval is checked against the latest end seen so far, not only against its neighbour.
+    latest: tuple[float, float, int, int, str] | None = None
+    for entry in entries:
+        if entry[1] <= entry[0]:
+            report.expired_on_entry += 1
+            continue
+        if latest is not None and entry[0] < latest[1]:
+            report.overlaps += 1
+            if report.first_overlap is None:
+                report.first_overlap = [list(latest), list(entry)]
+        if latest is None or entry[1] > latest[1]:
+            latest = entry
     gaps = []
     for prev, nxt in itertools.pairwise(entries):
-        if nxt[0] < prev[1]:
-            report.overlaps += 1
         if nxt[2] != prev[2]:
             report.handoffs += 1
             gaps.append((nxt[0] - prev[1]) * 1000)
