@@ -151,7 +151,10 @@ def test_a_watch_refused_for_an_expired_stream_token_opens_a_fresh_stream(fresh_
             got: list[lockkit.Lease] = []
             thread = threading.Thread(target=lambda: got.append(waiter.lock(name, ttl=5).acquire(timeout=10)))
             thread.start()
-            time.sleep(0.3)  # the waiter is queued and watching
+            deadline = time.monotonic() + 10
+            while holder.holder(name).waiters < 1:  # the waiter's key is queued (it watches right after)
+                assert time.monotonic() < deadline, "the waiter never queued"
+                time.sleep(0.01)
             held.release()
             thread.join(10)
             assert got and got[0].valid
@@ -165,5 +168,6 @@ def test_a_watch_refused_for_an_expired_stream_token_opens_a_fresh_stream(fresh_
         driver._client._authenticate(driver._client._current)
         time.sleep(2.5)
         hand_over("second")
-        assert driver._watcher._stream is not stream  # the refused create closed the stale stream
-        assert driver._watcher._stream.alive
+        assert not stream.alive  # the refused create closed the stale stream...
+        hand_over("third")
+        assert driver._watcher._stream is not stream and driver._watcher._stream.alive  # ...and waits go on

@@ -238,13 +238,14 @@ class _Stream:
                     failed, found = found, None
         # waiters are woken outside the stream's mutex (a lock watch takes its own)
         if failed is not None:
-            failed.fail()
             if response.created:
                 # A refused create: etcd checks the stream's auth token on every create, and a stream keeps
                 # the token it was opened with, which expires (300 s idle by default) while ordinary calls
-                # re-authenticate. Closing the stream lets the next wait open one with the current token;
-                # for a real permission denial, the waiters' backoff keeps this from becoming a storm.
+                # re-authenticate. Closing the stream (before waking the waiters, so that their next wait
+                # opens a new one) lets it come back with the current token; for a real permission denial,
+                # the waiters' backoff keeps this from becoming a storm.
                 self.close()
+            failed.fail()
         elif found is not None and len(response.events):
             found.deliver(response.events)
 
