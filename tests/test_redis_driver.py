@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +22,6 @@ from backends.servers import RedisServer, RedlockServers
 from lockkit import BackendUnavailable, LockTimeout
 from lockkit.driver import DriverContext, Presence
 from lockkit.drivers import _redis_scripts as scripts
-from lockkit.drivers._redis_flow import CLAIM_MS
 from lockkit.drivers._redis_keys import lock_keys, presence_keys
 from lockkit.drivers.redis import RedisDriver
 from lockkit.drivers.redlock import RedlockDriver
@@ -200,19 +200,41 @@ def test_releaser_cannot_take_the_lock_back_from_a_queued_waiter(redis_server: R
 WAITER = """
 import sys, lockkit
 locks = lockkit.connect(sys.argv[1])
-locks.lock(sys.argv[2], ttl=5).acquire(timeout=60)
+locks.lock(sys.argv[2], ttl=float(sys.argv[3])).acquire(timeout=60)
 print("acquired", flush=True)
 """
 
 
-def test_dead_waiter_delays_the_next_by_at_most_the_claim_window(redis_server: RedisServer) -> None:
+def client_channels(client: redis.Redis) -> set[bytes]:
+    """The client channels (one per lockkit client with a live pub/sub connection) the server has now."""
+    return set(client.pubsub_channels("lockkit:client:*"))
+
+
+def queued_child(server: RedisServer, name: str, ttl: float, locks: lockkit.Locker) -> tuple[Any, bytes]:
+    """A waiter in another process, queued first behind the holder; and its client channel."""
+    client = raw(server)
+    before = client_channels(client)
+    child = subprocess.Popen([sys.executable, "-c", WAITER, server.url, name, str(ttl)], stdout=subprocess.PIPE)
+    wait_for(lambda: locks.holder(name).waiters == 1 and len(client_channels(client) - before) == 1, 15)
+    (channel,) = client_channels(client) - before
+    return child, channel
+
+
+def stop_child(child: Any) -> None:
+    child.kill()
+    child.wait()
+    assert child.stdout is not None
+    child.stdout.close()
+
+
+def test_crashed_waiter_is_skipped_by_the_release(redis_server: RedisServer) -> None:
     name = unique("deadwaiter")
+    client = raw(redis_server)
     with lockkit.connect(redis_server.url) as locks:
         holder = locks.lock(name, ttl=5)
         holder.acquire()
-        child = subprocess.Popen([sys.executable, "-c", WAITER, redis_server.url, name], stdout=subprocess.PIPE)
+        child, channel = queued_child(redis_server, name, 5, locks)
         try:
-            wait_for(lambda: locks.holder(name).waiters == 1, 15)
             took: list[float] = []
 
             def second() -> None:
@@ -222,19 +244,42 @@ def test_dead_waiter_delays_the_next_by_at_most_the_claim_window(redis_server: R
             thread = threading.Thread(target=second)
             thread.start()
             wait_for(lambda: locks.holder(name).waiters == 2)
-            child.kill()  # dies queued first, while its entry is still alive
+            child.kill()  # dies queued first, while its queue entry is still alive
             child.wait()
+            # the server drops the dead process's connection, and with it the only listener on its channel
+            wait_for(lambda: client.pubsub_numsub(channel)[0][1] == 0)
             released = time.monotonic()
             holder.release()
             thread.join(10)
         finally:
-            child.kill()
-            child.wait()
-            assert child.stdout is not None
-            child.stdout.close()
+            stop_child(child)
         delay = took[0] - released
-        print(f"dead head waiter delayed the next one by {delay * 1000:.0f} ms (claim window {CLAIM_MS} ms)")
-        assert delay <= CLAIM_MS / 1000 + 0.03 + SLACK
+        print(f"the waiter behind a crashed one got the lock {delay * 1000:.1f} ms after the release")
+        assert delay <= 0.1 + SLACK  # granted at once, not after the crashed waiter's 5 s TTL
+
+
+def test_paused_waiter_is_granted_the_lock_and_holds_it_until_its_ttl(redis_server: RedisServer) -> None:
+    name = unique("pausedwaiter")
+    with lockkit.connect(redis_server.url) as locks:
+        holder = locks.lock(name, ttl=5)
+        first = holder.acquire()
+        child, _ = queued_child(redis_server, name, 1, locks)
+        try:
+            child.send_signal(signal.SIGSTOP)  # its connection stays open: the server cannot tell
+            released = time.monotonic()
+            holder.release()
+            info = locks.holder(name)
+            assert info.held and info.fencing_token == first.fencing_token + 1, "not granted to the paused waiter"
+            after = locks.lock(name, ttl=5)
+            second = after.acquire(timeout=10)
+            took = time.monotonic() - released
+        finally:
+            child.send_signal(signal.SIGCONT)
+            stop_child(child)
+        print(f"a paused waiter held the lock it was granted for {took:.2f} s (its ttl: 1 s)")
+        assert 0.9 <= took <= 1 + 0.25 + 0.1 + SLACK  # its TTL (from the grant), then a re-check with jitter
+        assert second.fencing_token == first.fencing_token + 2
+        after.release()
 
 
 def test_timed_out_waiter_leaves_the_queue_and_one_shot_attempts_never_queue(redis_server: RedisServer) -> None:
@@ -280,44 +325,38 @@ def run(client: redis.Redis, script: scripts.Script, keys: list[bytes], *args: o
     return client.eval(script.source, len(keys), *keys, *args)
 
 
-def test_scripts_leave_passes_a_reservation_on_and_dead_heads_are_skipped(redis_server: RedisServer) -> None:
+def test_scripts_grant_to_the_first_listening_waiter_and_pass_a_late_grant_on(redis_server: RedisServer) -> None:
     name = unique("scripts")
     k = lock_keys("lockkit:", name)
     client = raw(redis_server)
-    now_ms = int(client.time()[0]) * 1000 + 10_000
-    client.rpush(k.queue, "w1", "w2", "w3")
-    client.zadd(k.alive, {"w1": now_ms, "w2": now_ms, "w3": now_ms})
-    client.set(k.lock, "~w1", px=CLAIM_MS)  # a release reserved the lock for w1
+    keys = [k.lock, k.queue, k.alive, k.fence]
+    alive = int(client.time()[0]) * 1000 + 10_000
+    # an id without token (another version's), a client nobody listens on (crashed), then two listening ones
+    wids = ["c0", "c1.5000.a1", "c2.5000.b2", "c3.7000.c3"]
+    client.rpush(k.queue, *wids)
+    client.zadd(k.alive, dict.fromkeys(wids, alive))
+    client.set(k.lock, "t0", px=5000)
     with client.pubsub() as sub:
-        sub.subscribe(k.channel)
-        sub.get_message(timeout=1)
-        assert run(client, scripts.LEAVE, [k.lock, k.queue, k.alive], "w1", k.channel, CLAIM_MS) == 1
-        message = sub.get_message(timeout=1)
-    assert client.get(k.lock) == b"~w2"
-    assert message is not None and message["data"] == b"w2 w3"
-    assert client.lrange(k.queue, 0, -1) == [b"w2", b"w3"]
-    # w2 claims its reservation: the fence increments and it leaves the queue
-    taken = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "tok2", 5000, "w2", 250, 1000)
-    assert taken[0] == 1 and client.get(k.lock) == b"tok2" and client.lrange(k.queue, 0, -1) == [b"w3"]
-    # w3 dies (its entry lapses); after the release a newcomer finds the lock free and takes it
-    client.zadd(k.alive, {"w3": 1})
-    assert run(client, scripts.FAIR_RELEASE, [k.lock, k.queue, k.alive], "tok2", k.channel, CLAIM_MS) == 1
-    assert client.get(k.lock) is None and client.llen(k.queue) == 0
-    newcomer = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "tok4", 5000, "", 250, 1000)
-    assert newcomer == [1, taken[1] + 1]
-
-
-def test_reservation_is_not_a_holder(redis_server: RedisServer) -> None:
-    name = unique("reserved")
-    k = lock_keys("lockkit:", name)
-    client = raw(redis_server)
-    client.set(k.lock, "~w9", px=5000)
-    with lockkit.connect(redis_server.url) as locks:
-        info = locks.holder(name)
-        assert not info.held
-        assert locks.lock(name, ttl=1).try_acquire() is None  # nobody but w9 may claim it
-        assert not locks.force_release(name)  # nothing was *held*, but the reservation is passed on (dropped)
-        assert locks.lock(name, ttl=1).try_acquire() is not None
+        sub.subscribe(k.clients + b"c2", k.clients + b"c3")
+        for _ in range(2):
+            sub.get_message(timeout=1)
+        assert run(client, scripts.FAIR_RELEASE, keys, "t0", k.channel, k.clients) == 1
+        granted = sub.get_message(timeout=1)
+        # c2 timed out as the grant came: leaving passes the lock on to c3
+        assert run(client, scripts.LEAVE, keys, "b2", k.channel, k.clients, "c2.5000.b2") == 1
+        passed = sub.get_message(timeout=1)
+    assert granted is not None and granted["channel"] == k.clients + b"c2"
+    assert granted["data"] == b"c2.5000.b2 1"
+    assert passed is not None and passed["channel"] == k.clients + b"c3" and passed["data"] == b"c3.7000.c3 2"
+    assert client.get(k.lock) == b"c3" and 5000 < client.pttl(k.lock) <= 7000
+    assert client.llen(k.queue) == 0 and client.zcard(k.alive) == 0
+    # c3 missed the message: its next attempt finds its token, extends it and returns the same fencing token
+    taken = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "c3", 9000, "c3.7000.c3", 250, 9)
+    assert taken == [1, 2] and client.pttl(k.lock) > 7000
+    assert run(client, scripts.FAIR_RELEASE, keys, "c3", k.channel, k.clients) == 1
+    assert client.get(k.lock) is None
+    newcomer = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "t4", 5000, "", 250, 9)
+    assert newcomer == [1, 3]
 
 
 # -- the pub/sub connection's health check ---------------------------------------------------------------------

@@ -14,8 +14,8 @@ generation). Operations:
   blocking face, which does not wait for the pub/sub thread) the hub will wake
   the waiter itself once the subscription is confirmed if anything was missed;
 * :class:`Wait` — sleep until a wake-up, the timeout, or a cancel: returns
-  ``"woken"``, ``"standby"`` (a hand-off named us next in line), ``"timeout"``
-  or ``"cancelled"``.
+  ``"woken"`` (look again), ``"timeout"``, ``"cancelled"``, or an ``int``: a
+  release granted the lock to this waiter, and this is its fencing token.
 
 Waiting is woken by the release's PUBLISH; the only timer is one re-check at
 the holder's remaining TTL (returned by the failed acquire itself, so it costs
@@ -23,12 +23,18 @@ no extra round trip) plus random jitter, so contenders that lost a race do not
 all retry at the same instant.
 
 The single-node flow is *fair* (FIFO): a blocking acquire joins the lock's
-waiter queue in the same script that found the lock taken, a release hands the
-lock to the first live waiter as a short reservation and wakes only that
-waiter (see the fair scripts in :mod:`._redis_scripts`), and a waiter that gives
-up leaves the queue (passing on a reservation made for it). A one-shot attempt
-(deadline already past) never queues. Redlock stays unqueued: per-master queues
-could disagree on the head and split the vote.
+waiter queue in the same script that found the lock taken, a release grants the
+lock to the first live waiter and tells only that waiter (see the fair scripts
+in :mod:`._redis_scripts`), so the hand-off costs the waiter no round trip, and
+a waiter that gives up leaves the queue (passing on a grant that reached it too
+late). A one-shot attempt (deadline already past) never queues. Redlock stays
+unqueued: per-master queues could disagree on the head and split the vote.
+
+A granted waiter counts its validity from before its *first* attempt: the
+release set the key's TTL after that attempt queued it, so the server's expiry
+is later than what the waiter assumes. A waiter that waited so long that less
+than two thirds of its TTL would be left (or that must WAIT for replicas)
+confirms with one more attempt instead, which finds its token and extends it.
 """
 
 from __future__ import annotations
@@ -51,17 +57,19 @@ from ._redis_scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELE
 
 __all__ = [
     "Send", "Wait", "Watch", "acquire_flow", "adrive", "drive", "leave_call", "redlock_acquire_flow", "release_call",
+    "waiter_id",
 ]  # fmt: skip
 
-CLAIM_MS = 250
-"""How long a release reserves the lock for the first queued waiter (a dead waiter costs at most this)."""
 MARGIN_MS = 250
 """How long a waiter's queue entry outlives the holder's expiry (its re-check then refreshes it)."""
+GRANT_FRESH = 1 / 3
+"""A granted waiter that waited longer than this part of its TTL confirms with a round trip (see above)."""
 MAX_QUEUE = 1000
 """Waiters beyond this many per lock are not queued: they re-check at the holder's expiry, unordered."""
 
 R = TypeVar("R")
-Outcome = Literal["woken", "standby", "timeout", "cancelled"]
+Outcome = Literal["woken", "timeout", "cancelled"] | int
+"""How a :class:`Wait` ended; an ``int`` is the fencing token of a grant made to this waiter by a release."""
 
 
 @dataclass(frozen=True)
@@ -109,14 +117,20 @@ def _left(clock: Clock, deadline: float | None) -> float | None:
     return None if deadline is None else deadline - clock()
 
 
+def waiter_id(client_id: str, ttl: float, token: str) -> str:
+    """``<client id>.<ttl ms>.<token>``: what a release needs to grant the lock to this waiter, and where to say so."""
+    return f"{client_id}.{ms(ttl)}.{token}"
+
+
 def release_call(keys: LockKeys, token: str | None) -> Call:
-    """The single-node release: hand the lock to the first live waiter, else delete it and wake everyone."""
+    """The single-node release: grant the lock to the first live waiter, else delete it and wake everyone."""
     script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
-    return Call(script, (keys.lock, keys.queue, keys.alive), (token or "", keys.channel, CLAIM_MS, keys.clients))
+    return Call(script, (keys.lock, keys.queue, keys.alive, keys.fence), (token or "", keys.channel, keys.clients))
 
 
-def leave_call(keys: LockKeys, wid: str) -> Call:
-    return Call(LEAVE, (keys.lock, keys.queue, keys.alive), (wid, keys.channel, CLAIM_MS, keys.clients))
+def leave_call(keys: LockKeys, token: str, wid: str) -> Call:
+    """Leave the queue, and pass the lock on if a release granted it to this waiter after all."""
+    return Call(LEAVE, (keys.lock, keys.queue, keys.alive, keys.fence), (token, keys.channel, keys.clients, wid))
 
 
 def acquire_flow(
@@ -140,8 +154,11 @@ def acquire_flow(
     if min_replicas:
         calls += (Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))),)
     watching = False
+    first_sent: float | None = None
     while True:
         sent_at = clock()
+        if first_sent is None:
+            first_sent = sent_at
         replies = yield Send(calls, False)
         taken, value = checked(replies[0], label, "acquire")
         if taken:
@@ -161,14 +178,14 @@ def acquire_flow(
                 continue  # a release may have come before the subscription: try again before sleeping
         wait = recheck_after(int(value), ttl)
         outcome = yield Wait(wait if left is None else min(wait, left))
-        while outcome == "standby":  # next in line: if the head died, its reservation lapses within CLAIM_MS
-            left = _left(clock, deadline)
-            wait = recheck_after(CLAIM_MS, CLAIM_MS / 1000)
-            outcome = yield Wait(wait if left is None else max(0.0, min(wait, left)))
+        if isinstance(outcome, int):  # a release granted us the lock, with this fencing token
+            if not min_replicas and clock() - first_sent < ttl * GRANT_FRESH:
+                return Grant(outcome, ttl, first_sent)
+            continue  # confirm: the next attempt finds our token, extends it (and WAITs for the replicas)
         if outcome == "cancelled":
             break
     if queued:
-        yield Send((leave_call(keys, wid),), True, quiet=True)
+        yield Send((leave_call(keys, token, wid),), True, quiet=True)
     return None
 
 

@@ -183,11 +183,15 @@ return out
 # A lock's waiters queue in a list (arrival order) with a sorted set of waiter id -> "alive until" (server ms).
 # A waiter's entry lives until the holder's expiry plus a margin and is refreshed by the waiter's one re-check
 # at that expiry, so an entry whose waiter died lapses on its own. While the lock is free and an older live
-# waiter is queued, newcomers are refused. A release hands the lock to the head waiter as a *reservation*: the
-# lock key holds "~" .. waiter id for a short claim window (PX), which only that waiter's acquire can turn into
-# a real grant; a waiter that died forfeits it when the window lapses, and the next waiter, told to stand by,
-# takes over then. A reservation never equals a token
-# (tokens are hex), so renew and release of an old holder cannot touch it.
+# waiter is queued, newcomers are refused.
+#
+# A release *grants* the lock to the first live waiter in the same script: a waiter id is
+# "<client id>.<ttl ms>.<token>", so the release can set the key to that waiter's token with its TTL, take the
+# next fencing token and publish "<waiter id> <fence>" on the waiter's client channel; the waiter returns on
+# the message with no round trip of its own. Only a waiter whose client still listens is granted: PUBLISH
+# returns how many subscribers received the message, and the client of a crashed process has none (the
+# server closed its connection), so the release skips it and tries the next. A waiter that missed the message
+# finds its own token in the key at its next attempt, which extends the TTL and returns the grant.
 
 _NOW = """
 local function now_ms()
@@ -206,39 +210,35 @@ local function first_live(queue, alive, skip, now)
 end
 """
 
-# KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset).  ARGV[2] channel; ARGV[3] claim window ms;
-# ARGV[4] the prefix of the clients' own channels. A hand-off is published on the channel of the client whose
-# waiter it names (a waiter id is "<client id>.<random>"), not on the lock's channel, so a release wakes one
-# client's pub/sub reader rather than every contender's (with four contending processes, waking all four at
-# the hand-off's critical moment doubled the release's round trip on two cores).
+# KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset); KEYS[4] fencing counter.  ARGV[2] the lock's
+# channel; ARGV[3] the prefix of the clients' own channels. The grant is published on the channel of the
+# client whose waiter it names, not on the lock's channel, so a release wakes one client's pub/sub reader
+# rather than every contender's. At most eight waiters whose clients are gone are skipped per release;
+# after that (or with nobody queued) the key is deleted and everyone waiting is woken to look again.
 _HANDOFF = (
     _NOW
     + """
-local function channel_of(wid)
-  local client = string.match(wid, '^([^.]+)%.')
-  if client then return ARGV[4] .. client end
-  return ARGV[2]
-end
 local function hand_off()
-  local now
-  local head = redis.call('lindex', KEYS[2], 0)
-  if head then
-    now = now_ms()
-    head = first_live(KEYS[2], KEYS[3], false, now)
+  if redis.call('lindex', KEYS[2], 0) then
+    local now = now_ms()
+    for _ = 1, 8 do
+      local head = first_live(KEYS[2], KEYS[3], false, now)
+      if not head then break end
+      redis.call('lpop', KEYS[2])
+      redis.call('zrem', KEYS[3], head)
+      local client, ttl, token = string.match(head, '^(%x+)%.(%d+)%.(%x+)$')
+      if token then
+        local fence = (tonumber(redis.call('get', KEYS[4])) or 0) + 1
+        if redis.call('publish', ARGV[3] .. client, head .. ' ' .. fence) > 0 then
+          redis.call('set', KEYS[1], token, 'PX', ttl)
+          redis.call('incr', KEYS[4])
+          return
+        end
+      end
+    end
   end
-  if head then
-    redis.call('set', KEYS[1], '~' .. head, 'PX', ARGV[3])
-    redis.call('zadd', KEYS[3], now + tonumber(ARGV[3]), head)
-    -- "head next": the head claims now; the next one looks again when the claim window lapses, in case
-    -- the head died
-    local second = redis.call('lindex', KEYS[2], 1) or ''
-    local message, channel = head .. ' ' .. second, channel_of(head)
-    redis.call('publish', channel, message)
-    if second ~= '' and channel_of(second) ~= channel then redis.call('publish', channel_of(second), message) end
-  else
-    redis.call('del', KEYS[1])
-    redis.call('publish', ARGV[2], '')
-  end
+  redis.call('del', KEYS[1])
+  redis.call('publish', ARGV[2], '')
 end
 """
 )
@@ -246,8 +246,9 @@ end
 # KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] queue; KEYS[4] alive-until
 # ARGV[1] token; ARGV[2] TTL ms; ARGV[3] waiter id ('' = one attempt, do not queue); ARGV[4] entry margin ms;
 # ARGV[5] queue bound
-# -> {1, fence} if taken; {0, ms until the blocker lapses (-1: a key without expiry)} otherwise, and then the
-#    waiter is queued (or its entry refreshed)
+# -> {1, fence} if taken (or already ours by a release's grant: then its TTL is set to ARGV[2] again);
+#    {0, ms until the blocker lapses (-1: a key without expiry)} otherwise, and then the waiter is queued (or
+#    its entry refreshed)
 FAIR_ACQUIRE = Script(
     "fair_acquire",
     # The uncontended path comes first, before any helper is defined: Lua makes a closure for every
@@ -262,12 +263,16 @@ end
     + """
 local wid = ARGV[3]
 local cur = redis.call('get', KEYS[1])
+if cur == ARGV[1] then  -- a release granted it to us and we looked before its message came
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
+end
 local now
 if head and head ~= wid and not cur then
   now = now_ms()
   head = first_live(KEYS[3], KEYS[4], wid, now)
 end
-if (not cur and (not head or head == wid)) or (wid ~= '' and cur == '~' .. wid) then
+if not cur and (not head or head == wid) then
   redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if head and redis.call('zrem', KEYS[4], wid) == 1 then redis.call('lrem', KEYS[3], 1, wid) end
   return {1, redis.call('incr', KEYS[2])}
@@ -295,9 +300,9 @@ return {0, wait}
 """,
 )
 
-# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] token; ARGV[2] channel; ARGV[3] claim window ms;
-# ARGV[4] clients' channel prefix
-# -> 1 if the key held our token (handed to the first live waiter, or deleted and everyone woken); 0 otherwise
+# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until; KEYS[4] fencing counter.  ARGV[1] token; ARGV[2] channel;
+# ARGV[3] clients' channel prefix
+# -> 1 if the key held our token (granted to the first live waiter, or deleted and everyone woken); 0 otherwise
 FAIR_RELEASE = Script(
     "fair_release",
     # As in FAIR_ACQUIRE, the common cases (not ours; nobody queued) end before any helper is defined.
@@ -316,33 +321,31 @@ return 1
 """,
 )
 
-# KEYS/ARGV as FAIR_RELEASE, without a token.  -> 1 if a holder's lock was removed, 0 if free or reserved
+# KEYS/ARGV as FAIR_RELEASE, without a token.  -> 1 if a holder's lock was removed (and granted on), 0 if free
 FAIR_FORCE_RELEASE = Script(
     "fair_force_release",
     _HANDOFF
     + """
-local cur = redis.call('get', KEYS[1])
-if not cur then return 0 end
+if not redis.call('get', KEYS[1]) then return 0 end
 hand_off()
-return string.sub(cur, 1, 1) == '~' and 0 or 1
+return 1
 """,
 )
 
-# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until.  ARGV[1] waiter id; ARGV[2] channel; ARGV[3] claim window ms;
-# ARGV[4] clients' channel prefix
-# -> 1. A waiter giving up leaves the queue, and passes on a reservation made for it.
+# KEYS as FAIR_RELEASE.  ARGV[1] token; ARGV[2] channel; ARGV[3] clients' channel prefix; ARGV[4] waiter id
+# -> 1. A waiter giving up leaves the queue, and passes on a grant that reached it too late.
 LEAVE = Script(
     "leave",
     _HANDOFF
     + """
-if redis.call('zrem', KEYS[3], ARGV[1]) == 1 then redis.call('lrem', KEYS[2], 1, ARGV[1]) end
-if redis.call('get', KEYS[1]) == '~' .. ARGV[1] then hand_off() end
+if redis.call('zrem', KEYS[3], ARGV[4]) == 1 then redis.call('lrem', KEYS[2], 1, ARGV[4]) end
+if redis.call('get', KEYS[1]) == ARGV[1] then hand_off() end
 return 1
 """,
 )
 
 # KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] alive-until
-# -> {token or reservation or false, pttl, fence or false, live waiters}  (read-only)
+# -> {token or false, pttl, fence or false, live waiters}  (read-only)
 FAIR_HOLDER = Script(
     "fair_holder",
     _NOW

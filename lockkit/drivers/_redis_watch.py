@@ -1,10 +1,9 @@
 """Waiters on the hubs' wake-ups (:mod:`._redis_hub`): one per contended acquire, blocking or asyncio.
 
 A watcher is made *before* the acquire's first attempt, so that its snapshot of the hubs predates it
-(see :meth:`._redis_hub.Hub.snapshot`). It wakes on a message for everyone (empty), on a fair hand-off
-naming it as the head ("woken": claim the reservation now), or naming it as the next in line ("standby":
-look again when the head's claim window lapses, in case the head died). Redlock watchers have no waiter
-id and wake on every message.
+(see :meth:`._redis_hub.Hub.snapshot`). It wakes on a message for everyone (empty: look again) and on a
+fair release's grant to its own waiter id (``"<waiter id> <fencing token>"``: the lock is ours); grants to
+the client's other waiters are not for it. Redlock watchers have no waiter id and wake on every message.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ from ._redis_hub import Hub, LoopThread
 __all__ = ["AsyncWatcher", "SyncWatcher"]
 
 
-def _for_me(data: bytes, wid: bytes | None) -> bool:
-    """A release for everyone (empty), or one that hands the lock to waiter ``wid`` ("head next")."""
-    return not data or wid is None or data.partition(b" ")[0] == wid
-
-
-def _standby(data: bytes, wid: bytes | None) -> bool:
-    """A hand-off that names ``wid`` as the next in line: look again when the head's claim window lapses."""
-    return wid is not None and bool(data) and data.partition(b" ")[2] == wid
+def _grant(data: bytes, wid: bytes | None) -> int | None:
+    """What a message means to waiter ``wid``: 0 = look again (for everyone), a fencing token = a grant to
+    ``wid``, None = not for it."""
+    if not data or wid is None:
+        return 0
+    named, _, fence = data.partition(b" ")
+    return int(fence) if named == wid and fence.isdigit() else None
 
 
 class SyncWatcher:
@@ -42,7 +40,7 @@ class SyncWatcher:
         self._loop, self._targets, self._cancel = loop, targets, cancel
         self._wid = None if wid is None else wid.encode()
         self._before = [hub.snapshot(channel) for hub, channel in targets]
-        self._urgent = False
+        self._granted: int | None = None
         self._watching = False
         # The event and the cancel hook are made at the first watch or wait: an uncontended acquire
         # (the common case) never needs them, and they cost more than the snapshot.
@@ -60,10 +58,10 @@ class SyncWatcher:
         event = self._event  # armed by watch() before the hub can call this
         if event is None:
             return
-        if _for_me(data, self._wid):
-            self._urgent = True
-            event.set()
-        elif _standby(data, self._wid):
+        meaning = _grant(data, self._wid)
+        if meaning is not None:
+            if meaning:
+                self._granted = meaning
             event.set()
 
     def watch(self) -> bool:
@@ -74,7 +72,7 @@ class SyncWatcher:
             self._loop.call(hub.watch_soon, channel, self._message, before)
         return False
 
-    def wait(self, timeout: float | None) -> str:
+    def wait(self, timeout: float | None) -> str | int:
         if self._cancel is not None and self._cancel.cancelled:
             return "cancelled"
         event = self._armed()
@@ -86,10 +84,9 @@ class SyncWatcher:
             return "cancelled"
         return self._outcome(woken)
 
-    def _outcome(self, woken: bool) -> str:
-        outcome = "timeout" if not woken else "woken" if self._urgent else "standby"
-        self._urgent = False
-        return outcome
+    def _outcome(self, woken: bool) -> str | int:
+        granted, self._granted = self._granted, None
+        return granted if granted is not None else "woken" if woken else "timeout"
 
     def close(self) -> None:
         if self._unhook is not None:
@@ -107,15 +104,15 @@ class AsyncWatcher:
         self._wid = None if wid is None else wid.encode()
         self._before = [hub.snapshot(channel) for hub, channel in targets]
         self._event = asyncio.Event()
-        self._urgent = False
+        self._granted: int | None = None
         self._watching = False
         self._interrupted = False
 
     def _message(self, data: bytes) -> None:
-        if _for_me(data, self._wid):
-            self._urgent = True
-            self._event.set()
-        elif _standby(data, self._wid):
+        meaning = _grant(data, self._wid)
+        if meaning is not None:
+            if meaning:
+                self._granted = meaning
             self._event.set()
 
     async def watch(self) -> bool:
@@ -128,14 +125,13 @@ class AsyncWatcher:
         )
         return any(missed)
 
-    async def wait(self, timeout: float | None) -> str:
+    async def wait(self, timeout: float | None) -> str | int:
         woken = await wait_event(self._event, timeout)
         self._event.clear()
         if self._interrupted:
             return "cancelled"
-        outcome = "timeout" if not woken else "woken" if self._urgent else "standby"
-        self._urgent = False
-        return outcome
+        granted, self._granted = self._granted, None
+        return granted if granted is not None else "woken" if woken else "timeout"
 
     def interrupt(self) -> None:
         """End the current or next wait with ``"cancelled"`` (for a shielded acquire whose caller gave up)."""

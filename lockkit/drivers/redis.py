@@ -22,9 +22,10 @@ hash tag. Presence records (for ``migrate``) live under ``{prefix}presence:``.
 **Operations** are one Lua script each (:mod:`._redis_scripts`), called by SHA:
 acquire takes a free lock (``SET PX`` + ``INCR`` of the fence, one round trip)
 or returns the holder's PTTL and queues the waiter; renew = compare-and-
-``PEXPIRE``; release = compare, then hand the lock to the first live queued
-waiter as a short reservation and wake only it (``PUBLISH`` of its id on its
-client's own channel, ``<prefix>client:<client id>``), or delete it.
+``PEXPIRE``; release = compare, then grant the lock to the first live queued
+waiter (its token and TTL are part of its queue entry) and tell only it
+(``PUBLISH`` of its id and fencing token on its client's own channel,
+``<prefix>client:<client id>``), or delete it.
 ``renew_many`` is one pipeline per round. Waiters sleep on one
 shared pub/sub connection (:mod:`._redis_hub`) and re-check once at the holder's
 expiry. A connection error is retried once on a fresh connection for renew and
@@ -34,8 +35,11 @@ release, never for acquire.
 and an older live waiter is queued, a newcomer (including the process that just
 released) is refused, so a releasing process cannot take the lock straight back.
 A waiter's queue entry lapses 250 ms after the holder's expiry unless its
-re-check refreshes it, and a reservation lapses after 250 ms unless claimed, so
-a waiter that died delays the lock by at most that once; it never blocks it.
+re-check refreshes it. A release grants the lock only to a waiter whose client
+still listens on its channel (``PUBLISH`` counts the receivers), so a crashed
+waiter's process (the server closed its connection) is skipped; a waiter that
+is paused or cut off, but whose connection the server still has, receives the
+lock and holds it until its TTL lapses, as a paused holder would.
 At most 1,000 waiters per lock queue; more wait unordered.
 
 **Guarantees and their limits.** One server decides, so the lock is exactly as
@@ -55,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -79,6 +82,7 @@ from ._redis_flow import (
     leave_call,
     ms,
     release_call,
+    waiter_id,
 )  # fmt: skip
 from ._redis_hub import Hub, LoopThread
 from ._redis_keys import LockKeys, lock_keys
@@ -139,9 +143,8 @@ class _Shared:
         return release_call(self.keys(name), token)
 
     def undo_calls(self, name: str, token: str, wid: str) -> list[Call]:
-        """After a cancelled acquire: release what the script may have granted, and leave the queue."""
-        keys = self.keys(name)
-        return [release_call(keys, token), leave_call(keys, wid)]
+        """After a cancelled acquire: leave the queue, passing on the lock if a script or a release granted it."""
+        return [leave_call(self.keys(name), token, wid)]
 
     def holder_call(self, name: str) -> Call:
         keys = self.keys(name)
@@ -152,7 +155,7 @@ class _Shared:
 
     def holder_info(self, reply: Any) -> HolderInfo:
         token, pttl, fence, waiters = checked(reply, self.spec.label, "holder")
-        if token is None or token.startswith(b"~"):  # free, or reserved for the first waiter
+        if token is None:
             return HolderInfo(False, waiters=waiters)
         ttl_left = pttl / 1000 if pttl >= 0 else None
         return HolderInfo(True, token_hint(token.decode()), int(fence) if fence else None, ttl_left, waiters)
@@ -186,8 +189,8 @@ class RedisDriver:
     ) -> Grant | None:
         if cancel is not None and cancel.cancelled:
             return None
-        wid = f"{self._hub.client_id}.{secrets.token_hex(6)}"  # a hand-off to it goes to this client's channel
         hub = self._hub
+        wid = waiter_id(hub.client_id, ttl, token)  # a grant to it goes to this client's channel
         targets = [(hub, self._shared.keys(name).channel), (hub, hub.client_channel)]
         watcher = SyncWatcher(self._loop, targets, cancel, wid)
 
@@ -272,8 +275,8 @@ class AsyncRedisDriver:
             raise unavailable(self._node.spec.label, exc) from exc
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        wid = f"{self._hub.client_id}.{secrets.token_hex(6)}"
         hub = self._hub
+        wid = waiter_id(hub.client_id, ttl, token)
         watcher = AsyncWatcher([(hub, self._shared.keys(name).channel), (hub, hub.client_channel)], wid)
 
         async def perform(op: Op) -> Any:
