@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.servers import RedisServer
 from lockkit.drivers._redis_pool import ConnectionPool
+from lockkit.drivers._resp import read_replies
 
 
 @pytest.fixture
 def pool_for(redis_server: RedisServer) -> Iterator[tuple[ConnectionPool, redis.Redis]]:
     def make() -> redis.Connection:
-        return redis.Connection(host=redis_server.host, port=redis_server.port, socket_timeout=2)
+        return redis.Connection(host=redis_server.host, port=redis_server.port, socket_timeout=2, protocol=2)
 
     pool = ConnectionPool(make, size=1, wait=0.2)
     admin = redis.Redis(host=redis_server.host, port=redis_server.port)
@@ -76,3 +80,68 @@ def test_forked_child_never_uses_the_parents_socket(pool_for: tuple[ConnectionPo
     assert again is conn and again._sock is parent_sock  # still connected in the parent
     assert ping(again) in (b"PONG", "PONG")
     pool.release(again)
+
+
+# -- lockkit's own reply reader (lockkit/drivers/_resp.py) ----------------------------------------------------
+
+
+def test_reader_reads_every_reply_type_in_step(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
+    pool, admin = pool_for
+    big = os.urandom(300_000)  # several socket reads
+    admin.set("resp:big", big)
+    admin.set("resp:text", "x")
+    script = "return {1, {2, false, 'x'}, 'y', redis.status_reply('OK')}"
+    conn = pool.get()
+    try:
+        conn.send_packed_command(
+            conn.pack_commands(
+                [
+                    ("GET", "resp:big"),
+                    ("INCR", "resp:text"),  # an error reply between others: the stream stays in step
+                    ("EVAL", script, 0),
+                    ("GET", "resp:missing"),
+                    ("EVALSHA", "0" * 40, 0),
+                    ("PING",),
+                ]
+            )
+        )
+        big_reply, error, nested, missing, noscript, pong = read_replies(conn, 6, time.monotonic() + 2)
+    finally:
+        pool.release(conn)
+    assert big_reply == big
+    assert isinstance(error, ResponseError) and "not an integer" in str(error)
+    assert nested == [1, [2, None, b"x"], b"y", b"OK"]
+    assert missing is None
+    assert isinstance(noscript, NoScriptError)
+    assert pong == b"PONG"
+
+
+def test_reader_times_out_at_the_callers_deadline(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
+    pool, _ = pool_for
+    conn = pool.get()
+    try:
+        conn.send_packed_command(conn.pack_command("BLPOP", "resp:never", 5))
+        started = time.monotonic()
+        with pytest.raises(RedisTimeoutError):
+            read_replies(conn, 1, started + 0.2)
+        waited = time.monotonic() - started
+        assert conn._sock.gettimeout() == 2  # the connection's own timeout is back
+    finally:
+        conn.disconnect()
+        pool.release(conn)
+    assert 0.15 <= waited < 1.0
+
+
+def test_reader_reports_a_connection_closed_by_the_server(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
+    pool, admin = pool_for
+    conn = pool.get()
+    try:
+        conn.send_packed_command(conn.pack_command("CLIENT", "ID"))
+        (client_id,) = read_replies(conn, 1, time.monotonic() + 2)
+        admin.client_kill_filter(_id=client_id)
+        conn.send_packed_command(conn.pack_command("PING"))
+        with pytest.raises(RedisConnectionError):
+            read_replies(conn, 1, time.monotonic() + 2)
+    finally:
+        conn.disconnect()
+        pool.release(conn)

@@ -31,6 +31,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from ._redis_config import NodeSpec, NodeState, apply_hello, hello_commands
 from ._redis_pool import ConnectionPool
 from ._redis_scripts import Script
+from ._resp import read_replies
 
 __all__ = ["AsyncNode", "Call", "SyncNode", "pack_calls"]
 
@@ -139,13 +140,8 @@ class SyncNode:
         return Pending(conn, calls, len(hello))
 
     def _read(self, conn: Any, count: int, deadline: float) -> list[Any]:
-        replies: list[Any] = []
-        for i in range(count):
-            try:  # the first reply waits until the (shared) deadline; later ones are usually buffered already
-                replies.append(conn.read_response(timeout=_remaining(deadline)) if i == 0 else conn.read_response())
-            except ResponseError as exc:  # an error reply: the stream is still in step
-                replies.append(exc)
-        return replies
+        # the first reply waits until the (shared) deadline; error replies come back as exception objects
+        return read_replies(conn, count, deadline)
 
     def receive(self, pending: Pending, deadline: float) -> list[Any]:
         conn = pending.conn
