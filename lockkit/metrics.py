@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 import random
 import threading
+import weakref
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +23,8 @@ __all__ = ["BackendStats"]
 COUNTERS = ("acquisitions", "timeouts", "errors", "renewals", "renewal_failures", "losses", "releases")
 TIMINGS = ("wait", "hold")
 RESERVOIR = 2048
+QUEUED = 1024
+"""Hot-path events queued before they are applied (see BackendStats)."""
 
 
 @dataclass
@@ -90,9 +94,11 @@ class _Exporter:
 
     def __init__(self) -> None:
         self.tallies: dict[str, _Tally] = {}
+        self.sources: weakref.WeakSet[BackendStats] = weakref.WeakSet()
+        """Stats objects feeding the tallies: their queued events are applied before a scrape reads them."""
 
     @classmethod
-    def tally(cls, backend: str) -> _Tally | None:
+    def tally(cls, backend: str, source: BackendStats) -> _Tally | None:
         """The shared tally for ``backend``; ``None`` when prometheus_client is not installed."""
         with cls._guard:
             if not cls._installed:
@@ -105,6 +111,7 @@ class _Exporter:
                 REGISTRY.register(cls._instance)
             if cls._instance is None:
                 return None
+            cls._instance.sources.add(source)
             return cls._instance.tallies.setdefault(backend, _Tally())
 
     def describe(self) -> list[Any]:
@@ -113,6 +120,8 @@ class _Exporter:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
+        for source in list(self.sources):
+            source.apply_queued()
         with self._guard:
             rows = [(b, dict(t.counts), {k: list(v) for k, v in t.buckets.items()}, dict(t.sums))
                     for b, t in self.tallies.items()]  # fmt: skip
@@ -133,14 +142,21 @@ class _Exporter:
 
 
 class BackendStats:
-    """Thread-safe counters and timings of one backend of a locker."""
+    """Thread-safe counters and timings of one backend of a locker.
+
+    The hot path (an acquisition with its wait, a release with its hold time) only appends to a
+    queue, which is applied when someone reads (``snapshot``, a Prometheus scrape) or when it grows
+    long: updating the counters, the reservoir and the export tally under a lock on every
+    acquire and release cost several microseconds of a loopback round trip's ~150.
+    """
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._timings = {name: _Reservoir() for name in TIMINGS}
         self._rng = random.Random()
-        self._tally = _Exporter.tally(backend)
+        self._queued: deque[tuple[str, str, float]] = deque()
+        self._tally = _Exporter.tally(backend, self)
         self._lock = _Exporter._guard if self._tally is not None else threading.Lock()
 
     def count(self, counter: str, n: int = 1) -> None:
@@ -156,16 +172,27 @@ class BackendStats:
                 self._tally.observe(timing, seconds)
 
     def count_and_observe(self, counter: str, timing: str, seconds: float) -> None:
-        """Both at once (one lock round): the hot path counts an acquisition with its wait, a release
+        """Count one event with its timing, later (see the class): an acquisition with its wait, a release
         with its hold time."""
+        queued = self._queued
+        queued.append((counter, timing, seconds))  # deque.append is atomic: no lock on the hot path
+        if len(queued) >= QUEUED:
+            self.apply_queued()
+
+    def apply_queued(self) -> None:
+        """Apply the events queued so far (ones queued meanwhile wait for the next call)."""
+        queued = self._queued
         with self._lock:
-            self._counts[counter] += 1
-            self._timings[timing].add(seconds, self._rng)
-            if self._tally is not None:
-                self._tally.counts[counter] += 1
-                self._tally.observe(timing, seconds)
+            for _ in range(len(queued)):
+                counter, timing, seconds = queued.popleft()
+                self._counts[counter] += 1
+                self._timings[timing].add(seconds, self._rng)
+                if self._tally is not None:
+                    self._tally.counts[counter] += 1
+                    self._tally.observe(timing, seconds)
 
     def snapshot(self) -> dict[str, Any]:
+        self.apply_queued()
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
             for name, reservoir in self._timings.items():

@@ -28,13 +28,13 @@ import concurrent.futures
 import heapq
 import itertools
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from . import _process
 from ._aio import wait_event
 from .driver import Grant, RenewRequest
 from .lease import Lease, LeaseState
@@ -382,7 +382,7 @@ def scheduler(clock: Clock) -> RenewalScheduler:
     """The one renewal thread of this process (a new one after ``fork``, which copies no threads)."""
     # Keyed by clock too, so that a test's fake clock never drives real leases' deadlines.
     last = _last_scheduler
-    if last is not None and last[1] is clock and last[0] == os.getpid():
+    if last is not None and last[1] is clock and last[0] == _process.pid:
         return last[2]  # the hot path: every acquire and release asks, almost always for the same one
     return _find_scheduler(clock)
 
@@ -392,7 +392,7 @@ _last_scheduler: tuple[int, Clock, RenewalScheduler] | None = None
 
 def _find_scheduler(clock: Clock) -> RenewalScheduler:
     global _last_scheduler
-    key = (os.getpid(), clock)
+    key = (_process.pid, clock)
     with _process_guard:
         found = _process_schedulers.get(key)
         if found is None:
