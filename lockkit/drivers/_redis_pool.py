@@ -45,6 +45,7 @@ class ConnectionPool:
         self._freed = threading.Condition(self._mutex)
         self._idle: list[Any] = []
         self._all: set[Any] = set()  # redis-py connections hash by identity
+        self._waiting = 0  # callers blocked for a connection: a return notifies only if there are any
         self._pid = _process.pid
 
     def _after_fork(self) -> None:
@@ -66,7 +67,11 @@ class ConnectionPool:
                             f"no connection free within {self._wait:g} s (all {self._size} in use; "
                             "raise the pool_size option)"
                         )
-                    self._freed.wait(left)
+                    self._waiting += 1
+                    try:
+                        self._freed.wait(left)
+                    finally:
+                        self._waiting -= 1
             if self._idle:
                 conn = self._idle.pop()
             else:
@@ -89,7 +94,8 @@ class ConnectionPool:
         with self._mutex:
             if conn in self._all:
                 self._idle.append(conn)
-                self._freed.notify()
+                if self._waiting:
+                    self._freed.notify()
 
     def disconnect(self) -> None:
         with self._mutex:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 from .._aio import wait_event
 from ..driver import Cancel
-from ._redis_hub import Hub, LoopThread
+from ._redis_hub import Hub, LoopThread, Snapshot
 
-__all__ = ["AsyncWatcher", "SyncWatcher"]
+__all__ = ["AsyncWatcher", "SyncWatcher", "snapshots"]
 
 
 def _grant(data: bytes, wid: bytes | None) -> int | None:
@@ -28,18 +28,29 @@ def _grant(data: bytes, wid: bytes | None) -> int | None:
     return int(fence) if named == wid and fence.isdigit() else None
 
 
+def snapshots(targets: Sequence[tuple[Hub, bytes]]) -> list[Snapshot]:
+    """What a watcher made later compares against: take it before the first attempt."""
+    return [hub.snapshot(channel) for hub, channel in targets]
+
+
 class SyncWatcher:
     """One blocking waiter: wakes on a hub's message for it (or for everyone), a timeout, or a cancel.
 
-    Made before the first attempt, so that its snapshot of the hubs predates that attempt.
+    Its snapshot of the hubs must predate the first attempt: it is made before it, or given the
+    :func:`snapshots` taken then (an uncontended acquire never needs the watcher itself).
     """
 
     def __init__(
-        self, loop: LoopThread, targets: Sequence[tuple[Hub, bytes]], cancel: Cancel | None, wid: str | None = None
+        self,
+        loop: LoopThread,
+        targets: Sequence[tuple[Hub, bytes]],
+        cancel: Cancel | None,
+        wid: str | None = None,
+        before: list[Snapshot] | None = None,
     ) -> None:
         self._loop, self._targets, self._cancel = loop, targets, cancel
         self._wid = None if wid is None else wid.encode()
-        self._before = [hub.snapshot(channel) for hub, channel in targets]
+        self._before = snapshots(targets) if before is None else before
         self._granted: int | None = None
         self._watching = False
         # The event and the cancel hook are made at the first watch or wait: an uncontended acquire

@@ -89,7 +89,7 @@ from ._redis_keys import LockKeys, lock_keys
 from ._redis_node import AsyncNode, Call, SyncNode
 from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ._redis_scripts import FAIR_HOLDER, RENEW
-from ._redis_watch import AsyncWatcher, SyncWatcher
+from ._redis_watch import AsyncWatcher, SyncWatcher, snapshots
 
 __all__ = ["AsyncRedisDriver", "RedisDriver"]
 
@@ -192,9 +192,11 @@ class RedisDriver:
         hub = self._hub
         wid = waiter_id(hub.client_id, ttl, token)  # a grant to it goes to this client's channel
         targets = [(hub, self._shared.keys(name).channel), (hub, hub.client_channel)]
-        watcher = SyncWatcher(self._loop, targets, cancel, wid)
+        before = snapshots(targets)  # before the first attempt; the watcher itself only if we must wait
+        watcher: SyncWatcher | None = None
 
         def perform(op: Op) -> Any:
+            nonlocal watcher
             if isinstance(op, Send):
                 try:
                     return self._run(op.calls, op.idempotent)
@@ -202,6 +204,8 @@ class RedisDriver:
                     if op.quiet:
                         return None
                     raise
+            if watcher is None:
+                watcher = SyncWatcher(self._loop, targets, cancel, wid, before)
             if isinstance(op, Watch):
                 return watcher.watch()
             assert isinstance(op, Wait)
@@ -210,7 +214,8 @@ class RedisDriver:
         try:
             return drive(self._shared.flow(name, token, ttl, deadline, wid), perform)
         finally:
-            watcher.close()
+            if watcher is not None:
+                watcher.close()
 
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         return one_renewal(self.renew_many([RenewRequest(name, token, ttl)]))
