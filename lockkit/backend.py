@@ -21,6 +21,7 @@ __all__ = ["Backend"]
 
 D = TypeVar("D", Driver, AsyncDriver)
 EARLY_LOSSES = 1024
+PRUNE_AT = 1024
 
 
 class Backend(Generic[D]):
@@ -33,7 +34,11 @@ class Backend(Generic[D]):
         self.stats = BackendStats(name)
         self._driver: D | None = None
         self._closed = False
-        self._leases: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        # Token -> weak reference: a lease dropped without release must not be kept alive by the registry.
+        # A plain dict of refs, pruned as it grows, rather than a WeakValueDictionary, whose Python-level
+        # KeyedRef made tracking cost three times as much on every acquire.
+        self._leases: dict[str, weakref.ref[Lease]] = {}
+        self._prune_at = PRUNE_AT
         self._mutex = threading.Lock()
         self._early_losses: dict[str, str] = {}
 
@@ -64,7 +69,9 @@ class Backend(Generic[D]):
 
     def track(self, lease: Lease) -> None:
         with self._mutex:
-            self._leases[lease.token] = lease
+            self._leases[lease.token] = weakref.ref(lease)
+            if len(self._leases) >= self._prune_at:
+                self._prune()
             early = self._early_losses.pop(lease.token, None)
         if early is not None and lease.mark_lost(early):
             self.stats.count("losses")
@@ -73,13 +80,20 @@ class Backend(Generic[D]):
         with self._mutex:
             self._leases.pop(lease.token, None)
 
+    def _prune(self) -> None:
+        """Drop the entries of leases that were garbage-collected without a release (under the mutex)."""
+        self._leases = {token: ref for token, ref in self._leases.items() if ref() is not None}
+        self._prune_at = 2 * len(self._leases) + PRUNE_AT
+
     def live_leases(self) -> list[Lease]:
         with self._mutex:
-            return list(self._leases.values())
+            refs = list(self._leases.values())
+        return [lease for ref in refs if (lease := ref()) is not None]
 
     def _find(self, token: str) -> Lease | None:
         with self._mutex:
-            return self._leases.get(token)
+            ref = self._leases.get(token)
+        return None if ref is None else ref()
 
     # -- LeaseEvents -------------------------------------------------------------------------
 

@@ -256,13 +256,16 @@ class RenewalScheduler:
 
     def __init__(self, clock: Clock) -> None:
         self.book = RenewalBook(clock)
-        self._cond = threading.Condition()
+        # add/remove (every acquire and release) take the mutex itself: entering the Condition is a
+        # Python-level call, the Lock's own context manager is not
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
         self._planned: float | None = None  # when the thread will wake next (None: not before notified)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockkit-renew")
 
     def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
-        with self._cond:
+        with self._mutex:
             self.book.add(lease, target, requested_ttl, auto_renew, max_hold)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lockkit-renewal", daemon=True)
@@ -274,7 +277,7 @@ class RenewalScheduler:
                 self._cond.notify()
 
     def remove(self, lease: Lease) -> None:
-        with self._cond:
+        with self._mutex:
             self.book.remove(lease)
 
     def wake(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,22 @@ def test_ttl_and_timeout_validation() -> None:
     assert validate_ttl(1) == 1.0
     assert validate_timeout(None) is None and validate_timeout(0) == 0.0
     assert lease_deadline(0, 100) == pytest.approx(100 - 1.002)
+
+
+def test_backend_registry_does_not_keep_dropped_leases_alive() -> None:
+    import gc
+
+    from lockkit import backend as backend_module
+    from lockkit.backend import Backend
+
+    clock = FakeClock()
+    registry: Backend[Any] = Backend("b", "memory://", clock)
+    kept = Lease(name="kept", token="k" * 32, fencing_token=1, ttl=10, sent_at=clock.now, clock=clock)
+    registry.track(kept)
+    for i in range(backend_module.PRUNE_AT + 10):  # dropped without a release, as a careless caller might
+        registry.track(Lease(name=f"n{i}", token=f"{i:032x}", fencing_token=1, ttl=10, sent_at=clock.now, clock=clock))
+    gc.collect()
+    assert registry.live_leases() == [kept]
+    assert len(registry._leases) < backend_module.PRUNE_AT  # the dead entries were pruned as it grew
+    registry.lost("k" * 32, "test")
+    assert not kept.valid
