@@ -5,7 +5,7 @@
 
 Starts its own throw-away servers on loopback (backends/servers.py). Three parts:
 
-1. Uncontended acquire+release on distinct names, interleaved in rounds with the raw
+1. Uncontended acquire+release on distinct names, alternating in blocks of 10 with the raw
    floor (redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete, script preloaded):
    median and p99 per operation, ratios of medians against the floor.
 2. 4 processes contending on one name, each holding ~1 ms (benchmarks/_common.py, shared
@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,7 +37,7 @@ import redis
 
 import lockkit
 from backends.servers import RedisServer, RedlockServers
-from benchmarks._common import contention, latency_table
+from benchmarks._common import contention, interleave, latency_table
 
 CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
@@ -46,13 +47,12 @@ def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: i
     sha = client.script_load(CAD)
     single = lockkit.connect(redis_url)
     quorum = lockkit.connect(redlock_url)
-    samples: dict[str, list[float]] = {"floor": [], "redis://": [], "redlock://": []}
 
     def floor(name: str) -> None:
         client.set(name, "token", nx=True, px=10_000)
         client.evalsha(sha, 1, name, "token")
 
-    def via(locks: lockkit.Locker) -> object:
+    def via(locks: lockkit.Locker) -> Callable[[str], None]:
         def op(name: str) -> None:
             lock = locks.lock(name, ttl=10)
             lock.acquire()
@@ -60,17 +60,19 @@ def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: i
 
         return op
 
-    runners = {"floor": floor, "redis://": via(single), "redlock://": via(quorum)}
+    runners: dict[str, Callable[[str], None]] = {"floor": floor, "redis://": via(single), "redlock://": via(quorum)}
     for warm in runners.values():
         for i in range(50):
-            warm(f"warm-{uuid.uuid4().hex}-{i}")  # type: ignore[operator]
-    for _ in range(rounds):
-        for label, run in runners.items():
-            prefix = uuid.uuid4().hex
-            for i in range(ops):
-                started = time.perf_counter()
-                run(f"bench:{prefix}:{i}")  # type: ignore[operator]
-                samples[label].append(time.perf_counter() - started)
+            warm(f"warm-{uuid.uuid4().hex}-{i}")
+    # Alternate in blocks of 10 operations, each on a fresh name, so that this machine's load swings (which
+    # last from milliseconds to seconds) hit every variant alike instead of one variant's whole round.
+    prefix = uuid.uuid4().hex
+    counter = iter(range(1 << 62))
+
+    def fresh(run: Callable[[str], None]) -> Callable[[], None]:
+        return lambda: run(f"bench:{prefix}:{next(counter)}")
+
+    samples = interleave({label: fresh(run) for label, run in runners.items()}, ops * rounds, block=10)
     print()
     print(latency_table(samples, unit="µs"))
     single.close()
