@@ -226,7 +226,7 @@ local function hand_off()
       if not head then break end
       redis.call('lpop', KEYS[2])
       redis.call('zrem', KEYS[3], head)
-      local client, ttl, token = string.match(head, '^(%x+)%.(%d+)%.(%x+)$')
+      local client, ttl, token = string.match(head, '^(%x+)%.(%d+)%.(.+)$')
       if token then
         local fence = (tonumber(redis.call('get', KEYS[4])) or 0) + 1
         if redis.call('publish', ARGV[3] .. client, head .. ' ' .. fence) > 0 then

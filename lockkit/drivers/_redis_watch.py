@@ -24,7 +24,7 @@ def _grant(data: bytes, wid: bytes | None) -> int | None:
     ``wid``, None = not for it."""
     if not data or wid is None:
         return 0
-    named, _, fence = data.partition(b" ")
+    named, _, fence = data.rpartition(b" ")  # the id ends with the token, which is opaque to the driver
     return int(fence) if named == wid and fence.isdigit() else None
 
 
