@@ -7,7 +7,7 @@ generation). Operations:
 
 * :class:`Send` — run these calls (one server: its replies; Redlock: a
   :class:`~._redis_quorum.NodeResult` per master, sent to all in parallel);
-* :class:`Watch` — subscribe to the lock's wake-up channel; returns ``True``
+* :class:`Watch` — subscribe to the lock's (and the client's) wake-up channel; returns ``True``
   if the flow must try again before sleeping (a release may have slipped in
   before the subscription was confirmed), ``False`` if it may sleep at once:
   the subscription was live and silent since before the last attempt, or (the
@@ -82,7 +82,8 @@ class Send:
 
 @dataclass(frozen=True)
 class Watch:
-    pass
+    confirm: bool = False
+    """Return only once the server confirmed the subscriptions (the asyncio face always does)."""
 
 
 @dataclass(frozen=True)
@@ -141,18 +142,26 @@ def acquire_flow(
     clock: Clock,
     label: str,
     wid: str,
+    listening: bool,
     min_replicas: int = 0,
     replica_timeout: float = 0.1,
 ) -> Flow[Grant | None]:
-    queued = deadline is None or deadline > clock()  # only a waiter that will wait joins the queue
-    take = Call(
-        FAIR_ACQUIRE,
-        (keys.lock, keys.fence, keys.queue, keys.alive),
-        (token, ms(ttl), wid if queued else "", MARGIN_MS, MAX_QUEUE),
-    )
-    calls: tuple[Call, ...] = (take,)
-    if min_replicas:
-        calls += (Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))),)
+    """``listening``: this client's own channel is subscribed already. A waiter joins the queue only once it is:
+    a release grants the lock only to a waiter whose client listens and skips the others as crashed, so
+    queueing before the subscription is confirmed would let a live waiter be skipped. Without it, the first
+    attempt does not queue, and the :class:`Watch` after it confirms the subscription before the next one does.
+    """
+    will_wait = deadline is None or deadline > clock()  # only a waiter that will wait joins the queue
+
+    def attempt(queue: bool) -> tuple[Call, ...]:
+        args = (token, ms(ttl), wid if queue else "", MARGIN_MS, MAX_QUEUE)
+        take = Call(FAIR_ACQUIRE, (keys.lock, keys.fence, keys.queue, keys.alive), args)
+        if min_replicas:
+            return (take, Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))))
+        return (take,)
+
+    queued = will_wait and listening
+    calls = attempt(queued)
     watching = False
     first_sent: float | None = None
     while True:
@@ -174,7 +183,12 @@ def acquire_flow(
             break
         if not watching:
             watching = True
-            if (yield Watch()):
+            missed = yield Watch(confirm=not queued)
+            if not queued:  # this client's channel is confirmed now: join the queue, at once
+                queued = True
+                calls = attempt(queued)
+                continue
+            if missed:
                 continue  # a release may have come before the subscription: try again before sleeping
         wait = recheck_after(int(value), ttl)
         outcome = yield Wait(wait if left is None else min(wait, left))

@@ -75,13 +75,31 @@ class SyncWatcher:
                 self._granted = meaning
             event.set()
 
-    def watch(self) -> bool:
-        """Subscribe without a round trip to the loop thread: the hub wakes us if we must look again."""
+    def watch(self, confirm: bool = False) -> bool:
+        """Subscribe without a round trip to the loop thread: the hub wakes us if we must look again.
+
+        ``confirm``: wait until the server confirmed the subscriptions instead, and return whether a message
+        may have been missed since the snapshot (the waiter then looks again before sleeping).
+        """
         self._armed()
         self._watching = True
-        for (hub, channel), before in zip(self._targets, self._before, strict=True):
-            self._loop.call(hub.watch_soon, channel, self._message, before)
+        if confirm:
+            return self._loop.run(self._watch_confirmed())
+        self._loop.call(self._watch_soon)  # one wake-up of the loop thread for all targets
         return False
+
+    async def _watch_confirmed(self) -> bool:
+        missed = await asyncio.gather(
+            *(
+                hub.watch(channel, self._message, before)
+                for (hub, channel), before in zip(self._targets, self._before, strict=True)
+            )
+        )
+        return any(missed)
+
+    def _watch_soon(self) -> None:
+        for (hub, channel), before in zip(self._targets, self._before, strict=True):
+            hub.watch_soon(channel, self._message, before)
 
     def wait(self, timeout: float | None) -> str | int:
         if self._cancel is not None and self._cancel.cancelled:
@@ -103,8 +121,11 @@ class SyncWatcher:
         if self._unhook is not None:
             self._unhook()
         if self._watching:
-            for hub, channel in self._targets:
-                self._loop.call(hub.unwatch, channel, self._message)
+            self._loop.call(self._unwatch)  # one wake-up of the loop thread for all targets
+
+    def _unwatch(self) -> None:
+        for hub, channel in self._targets:
+            hub.unwatch(channel, self._message)
 
 
 class AsyncWatcher:
@@ -126,7 +147,7 @@ class AsyncWatcher:
                 self._granted = meaning
             self._event.set()
 
-    async def watch(self) -> bool:
+    async def watch(self, confirm: bool = True) -> bool:  # always confirmed: awaiting costs no thread hop
         self._watching = True
         missed = await asyncio.gather(
             *(

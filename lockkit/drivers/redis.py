@@ -117,10 +117,13 @@ class _Shared:
     def keys(self, name: str) -> LockKeys:
         return lock_keys(self.options.prefix, name)
 
-    def flow(self, name: str, token: str, ttl: float, deadline: float | None, wid: str) -> Flow[Grant | None]:
+    def flow(
+        self, name: str, token: str, ttl: float, deadline: float | None, wid: str, listening: bool
+    ) -> Flow[Grant | None]:
         o = self.options
+        keys, label = self.keys(name), self.spec.label
         return acquire_flow(
-            self.keys(name), token, ttl, deadline, self.clock, self.spec.label, wid, o.min_replicas, o.replica_timeout
+            keys, token, ttl, deadline, self.clock, label, wid, listening, o.min_replicas, o.replica_timeout
         )
 
     def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
@@ -207,12 +210,13 @@ class RedisDriver:
             if watcher is None:
                 watcher = SyncWatcher(self._loop, targets, cancel, wid, before)
             if isinstance(op, Watch):
-                return watcher.watch()
+                return watcher.watch(op.confirm)
             assert isinstance(op, Wait)
             return watcher.wait(op.timeout)
 
         try:
-            return drive(self._shared.flow(name, token, ttl, deadline, wid), perform)
+            listening = before[1] is not None  # this client's channel is subscribed: queue at the first attempt
+            return drive(self._shared.flow(name, token, ttl, deadline, wid, listening), perform)
         finally:
             if watcher is not None:
                 watcher.close()
@@ -298,7 +302,8 @@ class AsyncRedisDriver:
             return await watcher.wait(op.timeout)
 
         try:
-            return await adrive(self._shared.flow(name, token, ttl, deadline, wid), perform)
+            listening = hub.snapshot(hub.client_channel) is not None
+            return await adrive(self._shared.flow(name, token, ttl, deadline, wid, listening), perform)
         except asyncio.CancelledError:
             # The acquire script may have run before the cancel: undo it (owner-checked, so harmless if not).
             task = asyncio.get_running_loop().create_task(self._undo(name, token, wid))
