@@ -290,9 +290,12 @@ if wid ~= '' then
   if queued or redis.call('llen', KEYS[3]) < tonumber(ARGV[5]) then
     if not queued then redis.call('rpush', KEYS[3], wid) end
     redis.call('zadd', KEYS[4], now + life, wid)
+    -- The queue keys must outlive every entry. Extend them to twice what is needed, so that the waiters
+    -- queueing behind this one usually find them long-lived enough: writes cost a script several times
+    -- what reads do. (Redis deletes them anyway once the last entry leaves.)
     if redis.call('pttl', KEYS[3]) < life then
-      redis.call('pexpire', KEYS[3], life)
-      redis.call('pexpire', KEYS[4], life)
+      redis.call('pexpire', KEYS[3], 2 * life)
+      redis.call('pexpire', KEYS[4], 2 * life)
     end
   end
 end
