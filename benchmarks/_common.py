@@ -1,247 +1,27 @@
-"""What bench_redis.py, bench_etcd.py and bench_zookeeper.py share: the contention harness and the CLI scaffolding.
+"""What bench_redis.py, bench_etcd.py and bench_zookeeper.py share: interleaved timing and the CLI scaffolding.
 
-**Contention** (:func:`contention`), the same rules for every driver (issue 3's definition): N processes
-(default 4, ``spawn`` context) open their own connection to one lock name, take it once untimed as a
-warm-up (connection, session, lease), meet at a start barrier, then each loops acquire → busy hold of
-~1 ms → release for ``seconds``, recording per acquisition ``(acquired-at, pid, wait, fencing token)``.
-``acquired-at`` is ``time.monotonic()``: CLOCK_MONOTONIC is system-wide on Linux, so the records of all
-processes sort into one timeline. It is read after the grant and before the hold, so the next holder's
-time is always later (it can only be granted after the release). From the sorted records:
-
-* **handoffs/s**: acquisitions by a different process than the previous holder, per second of the run;
-* **fairness**: fewest / most acquisitions per process (with the per-process counts);
-* **waits**: p50, p99 and max of the time from calling ``acquire`` to holding the lock;
-* **tokens in order**: the fencing tokens, in acquisition order, strictly increase. For ``etcd://`` and
-  ``zookeeper://`` the token is the waiter's creation revision / czxid, i.e. its place in the queue,
-  so this is the FIFO check; for ``redis://`` it is the fencing check. Skipped (``None``) when the
-  backend declares no fencing (Redlock: ``fencing_token`` is always 0, ``guarantees().fencing == "none"``).
-
-Spawned children unpickle the worker and the opener by reference, so both live at module level in an
-importable module: this one is ``benchmarks._common``, importable because each benchmark puts the repo root
-on ``sys.path`` before importing it (``spawn`` hands the parent's ``sys.path`` to the children). Another
-lock library plugs in with an opener of its own: a module-level callable ``opener(target, name)``
-returning a :class:`Contender` (bench_zookeeper.py does this for kazoo's ``Lock``).
+The contention harness (4 processes, start barrier, ~1 ms busy hold, handoffs / fairness / waits / token
+order) is :mod:`lockkit.contention`, the same one ``lockkit bench`` runs; it is re-exported here. Each
+benchmark puts the repository root on ``sys.path`` before importing this module, and ``spawn`` hands the
+parent's ``sys.path`` to the contending children, so an opener defined in a benchmark module (kazoo's
+``Lock`` in bench_zookeeper.py) is importable there.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
-import multiprocessing
-import os
 import statistics
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import lockkit
+from lockkit.contention import Contender, Contention, LockkitContender, contention, pct
 
-ACQUIRE_TIMEOUT = 30.0
-"""Seconds a contender waits for the lock before the run is declared broken."""
-
-Record = tuple[float, int, float, "int | None"]
-"""One acquisition: acquired-at (CLOCK_MONOTONIC), pid, wait in seconds, fencing token (None: not checked)."""
-
-
-def pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# --- contention harness ---------------------------------------------------------------------------------
-
-
-class Contender(Protocol):
-    """One process's handle on the contended lock."""
-
-    def acquire(self, timeout: float) -> int | None:
-        """Block until held; return the fencing token to check, or None when there is none to check."""
-
-    def release(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class LockkitContender:
-    """The default opener: ``lockkit.connect(url).lock(name)``."""
-
-    def __init__(self, url: str, name: str) -> None:
-        self.locks = lockkit.connect(url)
-        self.lock = self.locks.lock(name, ttl=10)
-        (guarantees,) = self.locks.guarantees().values()
-        self.fences = guarantees.fencing != "none"
-
-    def acquire(self, timeout: float) -> int | None:
-        lease = self.lock.acquire(timeout=timeout)
-        return lease.fencing_token if self.fences else None
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.locks.close()
-
-
-Opener = Callable[[str, str], Contender]
-
-
-def contender_main(
-    opener: Opener,
-    target: str,
-    name: str,
-    seconds: float,
-    hold: float,
-    barrier: Any,
-    out: Any,
-) -> None:
-    """Body of one contending process; puts ``(pid, records)`` or ``(pid, error text)`` on ``out``."""
-    pid = os.getpid()
-    records: list[Record] = []
-    try:
-        contender = opener(target, name)
-        try:
-            contender.acquire(ACQUIRE_TIMEOUT)  # warm-up, not recorded: connection, session, lease
-            contender.release()
-            barrier.wait(timeout=120)
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                asked = time.monotonic()
-                token = contender.acquire(ACQUIRE_TIMEOUT)
-                got = time.monotonic()
-                spin = got + hold
-                while time.monotonic() < spin:
-                    pass
-                contender.release()
-                records.append((got, pid, got - asked, token))
-        finally:
-            contender.close()
-    except BaseException as exc:  # report, so that the parent fails at once instead of waiting out a timeout
-        barrier.abort()
-        out.put((pid, f"{type(exc).__name__}: {exc}"))
-        return
-    out.put((pid, records))
-
-
-@dataclass(frozen=True)
-class Contention:
-    """The summary of one contention run (see the module docstring for the definitions)."""
-
-    label: str
-    procs: int
-    seconds: float
-    hold_ms: float
-    acquisitions: int
-    handoffs: int
-    handoffs_per_s: float
-    fairness: float
-    counts: list[int]
-    """Acquisitions per process, in start order."""
-    wait_p50_ms: float
-    wait_p99_ms: float
-    wait_max_ms: float
-    tokens_in_order: bool | None
-    """Fencing tokens (or the opener's queue numbers) strictly increase in acquisition order; None: not checked."""
-    tokens: str = "fencing tokens"
-    """What the tokens are, for the report."""
-
-    @classmethod
-    def from_records(
-        cls, records: list[Record], pids: list[int], seconds: float, hold: float, label: str, tokens: str
-    ) -> Contention:
-        records = sorted(records)
-        handoffs = sum(1 for a, b in itertools.pairwise(records) if a[1] != b[1])
-        per_pid = {pid: 0 for pid in pids}
-        for record in records:
-            per_pid[record[1]] += 1
-        counts = list(per_pid.values())
-        waits = [r[2] for r in records] or [0.0]
-        fences = [r[3] for r in records]
-        in_order = None
-        if records and all(t is not None for t in fences):
-            in_order = all(a < b for a, b in itertools.pairwise(fences))  # type: ignore[operator]
-        return cls(
-            label=label,
-            procs=len(pids),
-            seconds=seconds,
-            hold_ms=hold * 1e3,
-            acquisitions=len(records),
-            handoffs=handoffs,
-            handoffs_per_s=handoffs / seconds,
-            fairness=min(counts) / max(counts) if max(counts) else 0.0,
-            counts=counts,
-            wait_p50_ms=pct(waits, 0.5) * 1e3,
-            wait_p99_ms=pct(waits, 0.99) * 1e3,
-            wait_max_ms=max(waits) * 1e3,
-            tokens_in_order=in_order,
-            tokens=tokens,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def report(self) -> str:
-        """Three lines: a ``##`` heading, the figures, the token order."""
-        if self.tokens_in_order is None:
-            order = f"no {self.tokens} to check (the backend declares none)"
-        else:
-            order = f"{self.tokens} rise in acquisition order: {'yes' if self.tokens_in_order else 'NO'}"
-        return (
-            f"## {self.procs} processes contending on one name, ~{self.hold_ms:g} ms hold, {self.seconds:g} s: "
-            f"{self.label}\n"
-            f"acquisitions {self.acquisitions}, handoffs/s {self.handoffs_per_s:.0f}, "
-            f"fairness {self.fairness:.2f} {self.counts}, p50 wait {self.wait_p50_ms:.1f} ms, "
-            f"p99 wait {self.wait_p99_ms:.1f} ms, max wait {self.wait_max_ms:.1f} ms\n{order}"
-        )
-
-
-def contention(
-    target: str,
-    seconds: float = 5.0,
-    *,
-    procs: int = 4,
-    hold: float = 0.001,
-    opener: Opener = LockkitContender,
-    label: str | None = None,
-    name: str | None = None,
-    tokens: str = "fencing tokens",
-) -> Contention:
-    """Run ``procs`` spawned processes contending on one name of ``target`` (a lockkit URL by default)."""
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    barrier = ctx.Barrier(procs)
-    name = name or f"bench-hot-{uuid.uuid4().hex[:12]}"
-    workers = [
-        ctx.Process(target=contender_main, args=(opener, target, name, seconds, hold, barrier, out), daemon=True)
-        for _ in range(procs)
-    ]
-    for worker in workers:
-        worker.start()
-    records: list[Record] = []
-    errors: list[str] = []
-    try:
-        for _ in workers:
-            pid, got = out.get(timeout=seconds + 2 * ACQUIRE_TIMEOUT + 120)
-            if isinstance(got, str):
-                errors.append(f"pid {pid}: {got}")
-            else:
-                records.extend(got)
-    finally:
-        for worker in workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
-    if errors:
-        raise RuntimeError(f"contention on {label or target} failed: " + "; ".join(errors))
-    if label is None:
-        label = f"lockkit {target.split(':', 1)[0]}://"
-    pids = [w.pid for w in workers if w.pid is not None]
-    return Contention.from_records(records, pids, seconds, hold, label, tokens)
-
+__all__ = [
+    "Contender", "Contention", "LockkitContender", "contention", "driver_args", "hosts", "interleave",
+    "latency_table", "pct", "run_driver", "served", "show",
+]  # fmt: skip
 
 # --- uncontended latency ----------------------------------------------------------------------------------
 

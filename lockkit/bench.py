@@ -3,9 +3,9 @@
 For each backend (a ``--url``, or every configured backend):
 
 * **uncontended** — acquire + release of fresh names, one after another: median and p99 latency;
-* **contention** — N processes on one name, each holding about 1 ms: handoffs per second (an acquisition by
-  a different process than the previous holder), fairness (fewest / most acquisitions per process) and the
-  p99 wait;
+* **contention** — N processes on one name, each holding about 1 ms (:mod:`lockkit.contention`, the harness
+  the repository's benchmarks use too): handoffs per second (an acquisition by a different process than the
+  previous holder), fairness (fewest / most acquisitions per process) and the p99 wait;
 * **renewal** — K locks held with auto-renewal for a few seconds in one process: whether every lock is still
   held at the end, the CPU time the renewals cost, and the threads lockkit used.
 
@@ -14,21 +14,19 @@ Benchmarks against the raw server commands and other libraries live in the repos
 
 from __future__ import annotations
 
-import itertools
 import json
-import multiprocessing
-import os
 import statistics
 import sys
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import lockkit
 
+from .contention import ConfigContender, Contention
+from .contention import contention as run_contention
 from .errors import ConfigError
 
 
@@ -76,47 +74,14 @@ def uncontended(locks: lockkit.Locker, backend: str, rounds: int) -> list[float]
     return samples
 
 
-def _contender(config: dict[str, Any], backend: str, name: str, until: float, out: str) -> None:
-    lines = []
-    with lockkit.from_config(config) as locks:
-        lock = locks.lock(name, ttl=10, backend=backend)
-        while time.monotonic() < until:
-            asked = time.monotonic()
-            try:
-                lock.acquire(timeout=max(0.0, until - asked))
-            except lockkit.LockTimeout:
-                break
-            got = time.monotonic()
-            time.sleep(0.001)
-            lock.release()
-            lines.append(f"{got} {got - asked} {os.getpid()}\n")
-    Path(out).write_text("".join(lines))
-
-
-def contention(config: dict[str, Any], backend: str, processes: int, seconds: float) -> tuple[float, float, float]:
-    ctx = multiprocessing.get_context("spawn")
-    name = f"bench:contend:{uuid.uuid4().hex[:8]}"
-    outs = [f"{os.environ.get('TMPDIR', '/tmp')}/lockkit-bench-{uuid.uuid4().hex}" for _ in range(processes)]
-    until = time.monotonic() + seconds + 1.5  # spawned interpreters need a moment to start
-    procs = [ctx.Process(target=_contender, args=(config, backend, name, until, out)) for out in outs]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(seconds + 60)
-    events = []
-    for out in outs:
-        path = Path(out)
-        if path.exists():
-            events += [tuple(map(float, line.split())) for line in path.read_text().splitlines()]
-            path.unlink()
-    events.sort()
-    if len(events) < 2:
-        return 0.0, 0.0, 0.0
-    handoffs = sum(1 for a, b in itertools.pairwise(events) if a[2] != b[2])
-    span = events[-1][0] - events[0][0]
-    per_process = [sum(1 for e in events if e[2] == pid) for pid in {e[2] for e in events}]
-    fairness = min(per_process) / max(per_process) if len(per_process) == processes else 0.0
-    return handoffs / span if span > 0 else 0.0, fairness, _quantile([e[1] * 1000 for e in events], 0.99)
+def contention(config: dict[str, Any], backend: str, processes: int, seconds: float) -> Contention:
+    """The shared harness (:mod:`lockkit.contention`), on one configured backend."""
+    _progress(f"{backend}: contention", 0, 1)
+    result = run_contention(
+        (config, backend), seconds, procs=processes, opener=ConfigContender, label=backend, name=f"bench:{uuid.uuid4()}"
+    )
+    _progress(f"{backend}: contention", 1, 1)
+    return result
 
 
 def renewal(locks: lockkit.Locker, backend: str, count: int, seconds: float) -> tuple[bool, float, int]:
@@ -152,7 +117,8 @@ def run(
             fairness: float | None = None
             wait_p99: float | None = None
             if locks.guarantees()[backend].scope != "process":  # processes would not even share memory://
-                rate, fairness, wait_p99 = contention(config, backend, processes, seconds)
+                contended = contention(config, backend, processes, seconds)
+                rate, fairness, wait_p99 = contended.handoffs_per_s, contended.fairness, contended.wait_p99_ms
             all_held, cpu, threads = renewal(locks, backend, renew_locks, renew_seconds)
             results.append(
                 BenchResult(
