@@ -11,7 +11,7 @@ free loopback port (default server flags: 2 s minimum lease TTL).
   lease plus one delete.
 * **lockkit**: ``lock.acquire()`` + ``lock.release()`` uncontended (auto-renew
   on, the session lease already granted), medians, p99 and the ratio to the floor.
-* **contention** (benchmarks/_common.py, the Redis issue's rules): 4 processes
+* **contention** (lockkit/contention.py, the Redis issue's rules): 4 processes
   loop acquire → ~1 ms busy hold → release on one name; handoffs/s (an
   acquisition by a different process than the previous holder), fairness,
   p50/p99/max wait, and whether the fencing tokens (the waiters' creation
