@@ -77,7 +77,9 @@ class Grant:
     ttl: float
     """The effective TTL in seconds, after the backend's rounding (etcd whole seconds, ZooKeeper session)."""
     sent_at: float
-    """``ctx.clock()`` read just *before* the request that won was sent: validity counts from here."""
+    """``ctx.clock()`` read just *before* the request that won was sent: validity counts from here. (A lock
+    granted by another client's release, as Redis hand-offs are, counts from before the waiter's first
+    request: the grant can only have come after it.)"""
 
 
 @dataclass(frozen=True)
