@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -198,10 +199,16 @@ def test_releaser_cannot_take_the_lock_back_from_a_queued_waiter(redis_server: R
 
 
 WAITER = """
-import sys, lockkit
+import sys, threading, lockkit
 locks = lockkit.connect(sys.argv[1])
-locks.lock(sys.argv[2], ttl=float(sys.argv[3])).acquire(timeout=60)
-print("acquired", flush=True)
+def wait():
+    locks.lock(sys.argv[2], ttl=float(sys.argv[3])).acquire(timeout=60)
+    print("acquired", flush=True)
+threads = [threading.Thread(target=wait) for _ in range(int(sys.argv[4]))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
 """
 
 
@@ -210,12 +217,16 @@ def client_channels(client: redis.Redis) -> set[bytes]:
     return set(client.pubsub_channels("lockkit:client:*"))
 
 
-def queued_child(server: RedisServer, name: str, ttl: float, locks: lockkit.Locker) -> tuple[Any, bytes]:
-    """A waiter in another process, queued first behind the holder; and its client channel."""
+def queued_child(
+    server: RedisServer, name: str, ttl: float, locks: lockkit.Locker, threads: int = 1
+) -> tuple[Any, bytes]:
+    """Waiters in another process (one client), queued first behind the holder; and its client channel."""
     client = raw(server)
     before = client_channels(client)
-    child = subprocess.Popen([sys.executable, "-c", WAITER, server.url, name, str(ttl)], stdout=subprocess.PIPE)
-    wait_for(lambda: locks.holder(name).waiters == 1 and len(client_channels(client) - before) == 1, 15)
+    child = subprocess.Popen(
+        [sys.executable, "-c", WAITER, server.url, name, str(ttl), str(threads)], stdout=subprocess.PIPE
+    )
+    wait_for(lambda: locks.holder(name).waiters == threads and len(client_channels(client) - before) == 1, 15)
     (channel,) = client_channels(client) - before
     return child, channel
 
@@ -227,13 +238,14 @@ def stop_child(child: Any) -> None:
     child.stdout.close()
 
 
-def test_crashed_waiter_is_skipped_by_the_release(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("threads", [1, 12])  # 12: more queued waiters of the dead client than a release tries
+def test_crashed_waiter_is_skipped_by_the_release(redis_server: RedisServer, threads: int) -> None:
     name = unique("deadwaiter")
     client = raw(redis_server)
     with lockkit.connect(redis_server.url) as locks:
         holder = locks.lock(name, ttl=5)
         holder.acquire()
-        child, channel = queued_child(redis_server, name, 5, locks)
+        child, channel = queued_child(redis_server, name, 5, locks, threads)
         try:
             took: list[float] = []
 
@@ -243,8 +255,8 @@ def test_crashed_waiter_is_skipped_by_the_release(redis_server: RedisServer) -> 
 
             thread = threading.Thread(target=second)
             thread.start()
-            wait_for(lambda: locks.holder(name).waiters == 2)
-            child.kill()  # dies queued first, while its queue entry is still alive
+            wait_for(lambda: locks.holder(name).waiters == threads + 1)
+            child.kill()  # dies queued first, while its queue entries are still alive
             child.wait()
             # the server drops the dead process's connection, and with it the only listener on its channel
             wait_for(lambda: client.pubsub_numsub(channel)[0][1] == 0)
@@ -254,7 +266,7 @@ def test_crashed_waiter_is_skipped_by_the_release(redis_server: RedisServer) -> 
         finally:
             stop_child(child)
         delay = took[0] - released
-        print(f"the waiter behind a crashed one got the lock {delay * 1000:.1f} ms after the release")
+        print(f"the waiter behind {threads} crashed ones got the lock {delay * 1000:.1f} ms after the release")
         assert delay <= 0.1 + SLACK  # granted at once, not after the crashed waiter's 5 s TTL
 
 
@@ -263,7 +275,7 @@ def test_paused_waiter_is_granted_the_lock_and_holds_it_until_its_ttl(redis_serv
     with lockkit.connect(redis_server.url) as locks:
         holder = locks.lock(name, ttl=5)
         first = holder.acquire()
-        child, _ = queued_child(redis_server, name, 1, locks)
+        child, _ = queued_child(redis_server, name, 1, locks)  # ttl 1 s
         try:
             child.send_signal(signal.SIGSTOP)  # its connection stays open: the server cannot tell
             released = time.monotonic()
@@ -357,6 +369,95 @@ def test_scripts_grant_to_the_first_listening_waiter_and_pass_a_late_grant_on(re
     assert client.get(k.lock) is None
     newcomer = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "t4", 5000, "", 250, 9)
     assert newcomer == [1, 3]
+
+
+def test_a_waiter_that_fails_leaves_the_queue_and_is_never_granted_the_lock(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lockkit.drivers import _redis_watch
+
+    name = unique("failedwaiter")
+    queue, _ = queue_keys(name)
+    client = raw(redis_server)
+    real_wait = _redis_watch.SyncWatcher.wait
+
+    def interrupted(self: Any, timeout: float | None) -> str | int:  # as a KeyboardInterrupt in event.wait would
+        if threading.current_thread().name == "doomed":
+            raise RuntimeError("interrupted while waiting")
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(_redis_watch.SyncWatcher, "wait", interrupted)
+    with lockkit.connect(redis_server.url) as locks:
+        holder = locks.lock(name, ttl=5)
+        holder.acquire()
+        locks.lock(name, ttl=5).try_acquire()  # nothing queued yet; warms this client's channel up
+        failed: list[BaseException] = []
+
+        def doomed() -> None:
+            try:
+                locks.lock(name, ttl=30).acquire(timeout=10)
+            except RuntimeError as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=doomed, name="doomed")
+        thread.start()
+        thread.join(10)
+        assert failed, "the waiter did not fail"
+        assert client.llen(queue) == 0, "the failed waiter is still queued"
+        holder.release()
+        assert not locks.holder(name).held, "the release granted the lock to a waiter that had given up"
+
+
+def test_waiters_hear_of_a_grant_after_their_pubsub_connection_was_replaced(redis_server: RedisServer) -> None:
+    name = unique("rewake")
+    client = raw(redis_server)
+    with lockkit.connect(redis_server.url) as locks:
+        holder = locks.lock(name, ttl=10)
+        holder.acquire()
+        took: list[float] = []
+
+        def waiter() -> None:
+            locks.lock(name, ttl=10).acquire(timeout=20)
+            took.append(time.monotonic())
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        wait_for(lambda: locks.holder(name).waiters == 1)
+        client.client_kill_filter(_type="pubsub")  # the hub reconnects; meanwhile its waiter looks again, queued
+        time.sleep(0.02)
+        released = time.monotonic()
+        holder.release()  # likely while nothing listens: the waiter is skipped, the lock freed
+        thread.join(20)
+    delay = took[0] - released
+    print(f"the waiter got the lock {delay * 1000:.0f} ms after a release during its hub's reconnection")
+    assert delay < 1.0 + SLACK  # not at its re-check, at the holder's 10 s expiry
+
+
+def test_a_forked_child_waits_as_a_client_of_its_own(redis_server: RedisServer) -> None:
+    name, warm = unique("forked"), unique("forkwarm")
+    with lockkit.connect(redis_server.url) as locks, lockkit.connect(redis_server.url) as other:
+        blocker = other.lock(warm, ttl=5)
+        blocker.acquire()
+        threading.Timer(0.2, blocker.release).start()
+        locks.lock(warm, ttl=5).acquire(timeout=5)  # a wait: this client's hub now listens on its channel
+        holder = other.lock(name, ttl=10)
+        holder.acquire()
+        pid = os.fork()
+        if pid == 0:  # the child: wait on the parent's locker, then report how long the grant took to reach it
+            code = 1
+            try:
+                started = time.monotonic()
+                locks.lock(name, ttl=10).acquire(timeout=8)
+                code = 0 if time.monotonic() - started < 3 else 2
+            finally:
+                os._exit(code)
+        try:
+            wait_for(lambda: other.holder(name).waiters == 1, 10)
+            time.sleep(0.1)
+            holder.release()
+        finally:
+            _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child did not get the lock promptly"
 
 
 # -- the pub/sub connection's health check ---------------------------------------------------------------------

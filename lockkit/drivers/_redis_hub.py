@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import redis.asyncio
 from redis.exceptions import RedisError
 
+from .. import _process
 from ._redis_config import NodeSpec
 from ._redis_keys import client_channel
 
@@ -49,23 +50,36 @@ Snapshot = tuple[int, int] | None
 class Hub:
     def __init__(self, spec: NodeSpec) -> None:
         self._spec = spec
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """The state of a hub that has not connected yet (also what a forked child starts from)."""
+        self._pid = _process.pid
         self.client_id = secrets.token_hex(6)
-        self.client_channel = client_channel(spec.options.prefix, self.client_id)
-        """Where a fair release tells this client's waiters that the lock is reserved for one of them."""
+        self.client_channel = client_channel(self._spec.options.prefix, self.client_id)
+        """Where a fair release tells one of this client's waiters that it was granted the lock."""
         self._waiters: dict[bytes, set[Wake]] = {}
         self._sent: set[bytes] = set()
         self._active: set[bytes] = set()
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
         self._linger: dict[bytes, asyncio.TimerHandle] = {}
         self._conn: Any = None
-        self._generation = 0
+        self._generation = getattr(self, "_generation", 0) + 1
         """Bumped whenever the connection comes or goes: a snapshot across it is void."""
         self._heard: dict[bytes, int] = {}
         """Messages received per channel."""
+        self._rewake: set[bytes] = set()
+        """Channels subscribed again on a new connection: their waiters are woken once more when it is confirmed."""
         self._last_traffic = 0.0
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._closed = False
+
+    def own_process(self) -> None:
+        """Call before a wait: a forked child must not pass for its parent's client (same id, so the parent's
+        subscription would look like the child listening) nor touch the parent's connection; it starts afresh."""
+        if self._pid != _process.pid:
+            self._fresh()  # the parent's objects are dropped, never closed: they are the parent's
 
     def _connection(self) -> Any:
         kwargs = self._spec.pool_kwargs(None)
@@ -182,6 +196,10 @@ class Hub:
             future = self._confirm.pop(channel, None)
             if future is not None and not future.done():
                 future.set_result(None)
+            if channel in self._rewake:
+                self._rewake.discard(channel)
+                for wake in list(self._waiters.get(channel, ())):
+                    wake(b"")
 
     async def _health_check(self, conn: Any) -> None:
         """PING a connection that has been silent for ``health_check_interval``; drop it if no reply comes."""
@@ -207,6 +225,7 @@ class Hub:
 
     async def _run(self) -> None:
         backoff = 0.05
+        woken = False  # everyone was woken because a connection failed or dropped
         loop = asyncio.get_running_loop()
         while not self._closed and self._waiters:
             conn = self._connection()
@@ -216,6 +235,11 @@ class Hub:
                 self._conn = conn
                 self._generation += 1
                 self._sent = set(self._waiters)
+                # After a drop every waiter was woken and looked again at once, while nothing listened: a waiter
+                # that queued then can be skipped by a release as if it had crashed. Wake them again once the
+                # new subscription is confirmed (the first connection's waiters have their own confirmation).
+                self._rewake = set(self._sent) if woken else set()
+                woken = False
                 if self._sent:
                     await conn.send_command("SUBSCRIBE", *self._sent)
                 backoff = 0.05
@@ -245,6 +269,7 @@ class Hub:
             for waiters in list(self._waiters.values()):
                 for wake in list(waiters):
                     wake(b"")  # a release may have been missed while the connection was down
+            woken = True
             await asyncio.sleep(backoff)
             backoff = min(1.0, backoff * 2)
 

@@ -213,27 +213,32 @@ end
 # KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset); KEYS[4] fencing counter.  ARGV[2] the lock's
 # channel; ARGV[3] the prefix of the clients' own channels. The grant is published on the channel of the
 # client whose waiter it names, not on the lock's channel, so a release wakes one client's pub/sub reader
-# rather than every contender's. At most eight waiters whose clients are gone are skipped per release;
-# after that (or with nobody queued) the key is deleted and everyone waiting is woken to look again.
+# rather than every contender's. Waiters whose clients are gone are skipped: every waiter of a client found
+# silent (a crashed process's many threads), and up to eight silent clients per release; after that (or with
+# nobody left in the queue) the key is deleted and everyone waiting is woken to look again.
 _HANDOFF = (
     _NOW
     + """
 local function hand_off()
   if redis.call('lindex', KEYS[2], 0) then
     local now = now_ms()
-    for _ = 1, 8 do
+    local silent, tries = {}, 0
+    while tries < 8 do
       local head = first_live(KEYS[2], KEYS[3], false, now)
       if not head then break end
       redis.call('lpop', KEYS[2])
       redis.call('zrem', KEYS[3], head)
       local client, ttl, token = string.match(head, '^(%x+)%.(%d+)%.(.+)$')
-      if token then
+      -- a client found silent once in this release is not asked again: its other waiters go without a try
+      if token and not silent[client] then
+        tries = tries + 1
         local fence = (tonumber(redis.call('get', KEYS[4])) or 0) + 1
         if redis.call('publish', ARGV[3] .. client, head .. ' ' .. fence) > 0 then
           redis.call('set', KEYS[1], token, 'PX', ttl)
           redis.call('incr', KEYS[4])
           return
         end
+        silent[client] = true
       end
     end
   end

@@ -193,6 +193,7 @@ class RedisDriver:
         if cancel is not None and cancel.cancelled:
             return None
         hub = self._hub
+        hub.own_process()
         wid = waiter_id(hub.client_id, ttl, token)  # a grant to it goes to this client's channel
         targets = [(hub, self._shared.keys(name).channel), (hub, hub.client_channel)]
         before = snapshots(targets)  # before the first attempt; the watcher itself only if we must wait
@@ -217,6 +218,13 @@ class RedisDriver:
         try:
             listening = before[1] is not None  # this client's channel is subscribed: queue at the first attempt
             return drive(self._shared.flow(name, token, ttl, deadline, wid, listening), perform)
+        except BaseException:
+            # An attempt may have taken the lock (a reply lost to a timeout), the waiter may be queued, or a release
+            # may have granted it the lock: leave and pass it on now, or a later release would grant the lock to
+            # this abandoned token and it would stay taken for a whole TTL. Best effort: the error is what counts.
+            with contextlib.suppress(Exception):
+                self._run(self._shared.undo_calls(name, token, wid), True)
+            raise
         finally:
             if watcher is not None:
                 watcher.close()
@@ -285,6 +293,7 @@ class AsyncRedisDriver:
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
         hub = self._hub
+        hub.own_process()
         wid = waiter_id(hub.client_id, ttl, token)
         watcher = AsyncWatcher([(hub, self._shared.keys(name).channel), (hub, hub.client_channel)], wid)
 
@@ -304,8 +313,9 @@ class AsyncRedisDriver:
         try:
             listening = hub.snapshot(hub.client_channel) is not None
             return await adrive(self._shared.flow(name, token, ttl, deadline, wid, listening), perform)
-        except asyncio.CancelledError:
-            # The acquire script may have run before the cancel: undo it (owner-checked, so harmless if not).
+        except BaseException:
+            # As in the blocking face: leave, passing on what an attempt or a release may have granted (owner-checked,
+            # so harmless if nothing was). In a task of its own, so that a cancel is not held up by a round trip.
             task = asyncio.get_running_loop().create_task(self._undo(name, token, wid))
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
@@ -314,7 +324,7 @@ class AsyncRedisDriver:
             watcher.close()
 
     async def _undo(self, name: str, token: str, wid: str) -> None:
-        with contextlib.suppress(BackendUnavailable):  # what is left frees itself (TTL, queue entry expiry)
+        with contextlib.suppress(Exception):  # what is left frees itself (TTL, queue entry expiry)
             await self._run(self._shared.undo_calls(name, token, wid), True)
 
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None:

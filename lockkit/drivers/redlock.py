@@ -217,6 +217,8 @@ class RedlockDriver:
         if cancel is not None and cancel.cancelled:
             return None
         channel = lock_keys(self._shared.options.prefix, name).channel
+        for hub in self._hubs:
+            hub.own_process()
         # made before the first attempt: its snapshot of the hubs must predate it
         watcher = SyncWatcher(self._loop, [(hub, channel) for hub in self._hubs], cancel)
 
@@ -316,6 +318,8 @@ class AsyncRedlockDriver:
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
         channel = lock_keys(self._shared.options.prefix, name).channel
+        for hub in self._hubs:
+            hub.own_process()
         watcher = AsyncWatcher([(hub, channel) for hub in self._hubs])
 
         async def perform(op: Op) -> Any:
