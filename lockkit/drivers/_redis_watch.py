@@ -84,9 +84,24 @@ class SyncWatcher:
         self._armed()
         self._watching = True
         if confirm:
-            return self._loop.run(self._watch_confirmed())
+            return self._confirmed()
         self._loop.call(self._watch_soon)  # one wake-up of the loop thread for all targets
         return False
+
+    def _confirmed(self) -> bool:
+        """Subscribe and wait for the server's confirmation, or for a cancel (then: look again, which sees it)."""
+        future = asyncio.run_coroutine_threadsafe(self._watch_confirmed(), self._loop.loop())
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        unhook = None if self._cancel is None else self._cancel.on_cancel(done.set)
+        try:
+            done.wait()
+        finally:
+            if unhook is not None:
+                unhook()
+        if future.done() and not future.cancelled() and future.exception() is None:
+            return future.result()
+        return True
 
     async def _watch_confirmed(self) -> bool:
         missed = await asyncio.gather(
