@@ -40,6 +40,10 @@ class BenchResult:
     """``None`` where processes cannot share the backend (``memory://``)."""
     fairness: float | None
     wait_ms_p99: float | None
+    tokens_in_order: bool | None
+    """Fencing tokens rose in acquisition order under contention; ``None``: not measured, or no fencing."""
+    contention_error: str | None
+    """Why the contention run failed (the other measures stand), or ``None``."""
     renewal_locks: int
     renewal_all_held: bool
     renewal_cpu_s: float
@@ -116,9 +120,17 @@ def run(
             rate: float | None = None
             fairness: float | None = None
             wait_p99: float | None = None
+            in_order: bool | None = None
+            failure: str | None = None
             if locks.guarantees()[backend].scope != "process":  # processes would not even share memory://
-                contended = contention(config, backend, processes, seconds)
-                rate, fairness, wait_p99 = contended.handoffs_per_s, contended.fairness, contended.wait_p99_ms
+                try:
+                    contended = contention(config, backend, processes, seconds)
+                except RuntimeError as exc:  # one backend's broken run must not lose the others' results
+                    failure = str(exc)
+                    sys.stderr.write(f"lockkit bench: {failure}\n")
+                else:
+                    rate, fairness, wait_p99 = contended.handoffs_per_s, contended.fairness, contended.wait_p99_ms
+                    in_order = contended.tokens_in_order
             all_held, cpu, threads = renewal(locks, backend, renew_locks, renew_seconds)
             results.append(
                 BenchResult(
@@ -129,6 +141,8 @@ def run(
                     rate,
                     fairness,
                     wait_p99,
+                    in_order,
+                    failure,
                     renew_locks,
                     all_held,
                     cpu,
@@ -140,7 +154,8 @@ def run(
 
 def table(results: list[BenchResult]) -> str:
     header = (
-        f"{'backend':<12}{'acq+rel p50':>12}{'p99':>9}{'handoffs/s':>12}{'fairness':>10}{'wait p99':>10}{'renewal':>22}"
+        f"{'backend':<12}{'acq+rel p50':>12}{'p99':>9}{'handoffs/s':>12}{'fairness':>10}{'wait p99':>10}"
+        f"{'tokens':>8}{'renewal':>22}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
@@ -148,11 +163,16 @@ def table(results: list[BenchResult]) -> str:
         rate = "-" if r.handoffs_per_s is None else f"{r.handoffs_per_s:.0f}"
         fair = "-" if r.fairness is None else f"{r.fairness:.2f}"
         wait = "-" if r.wait_ms_p99 is None else f"{r.wait_ms_p99:.1f}ms"
+        tokens = "-" if r.tokens_in_order is None else "rising" if r.tokens_in_order else "DISORDER"
+        if r.contention_error is not None:
+            rate = fair = wait = tokens = "failed"
         lines.append(
             f"{r.backend:<12}{r.uncontended_ms_p50:>10.2f}ms{r.uncontended_ms_p99:>7.2f}ms"
-            f"{rate:>12}{fair:>10}{wait:>10}{renew:>22}"
+            f"{rate:>12}{fair:>10}{wait:>10}{tokens:>8}{renew:>22}"
         )
-    return "\n".join(lines)
+    failures = [f"{r.backend}: contention failed: {r.contention_error}" for r in results if r.contention_error]
+    notes = ["tokens: fencing tokens in acquisition order under contention (- : not measured, or no fencing)"]
+    return "\n".join(lines + notes + failures)
 
 
 def to_json(results: list[BenchResult]) -> str:

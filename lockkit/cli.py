@@ -224,7 +224,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         bench.plot(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0
+    # A fencing token out of order, a lock lost while renewed, or a failed contention run is a finding, not a number
+    broken = any(r.tokens_in_order is False or not r.renewal_all_held or r.contention_error for r in results)
+    return 1 if broken else 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

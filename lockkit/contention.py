@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import queue
 import time
 import uuid
 from collections.abc import Callable
@@ -252,7 +253,11 @@ def contention(
     errors: list[str] = []
     try:
         for _ in workers:
-            pid, got = out.get(timeout=seconds + 2 * ACQUIRE_TIMEOUT + 120)
+            try:
+                pid, got = out.get(timeout=seconds + 2 * ACQUIRE_TIMEOUT + 120)
+            except queue.Empty:
+                errors.append("a contending process died or hung without reporting")
+                break
             if isinstance(got, str):
                 errors.append(f"pid {pid}: {got}")
             else:

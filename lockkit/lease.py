@@ -20,10 +20,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 
-from . import _process
 from .errors import LockLost
 from .timing import Clock, lease_deadline
 
@@ -73,7 +73,7 @@ class Lease:
         self._state = LeaseState.HELD
         self._reason: str | None = None
         self._callbacks: list[LostCallback] = list(on_lost or ())
-        self._pid = _process.pid
+        self._pid = os.getpid()
         self._mutex = threading.Lock()
 
     # -- what holders read -------------------------------------------------------------
@@ -103,7 +103,7 @@ class Lease:
 
     @property
     def valid(self) -> bool:
-        return self._state is LeaseState.HELD and self._clock() < self._expires_at and _process.pid == self._pid
+        return self._state is LeaseState.HELD and self._clock() < self._expires_at and os.getpid() == self._pid
 
     def remaining(self) -> float:
         """Seconds of validity left (0 once invalid). Never uses the wall clock."""
@@ -115,7 +115,7 @@ class Lease:
         """Raise :class:`LockLost` unless the lease is valid now. No network I/O."""
         if self.valid:
             return
-        if _process.pid != self._pid:
+        if os.getpid() != self._pid:
             raise LockLost(f"lock {self.name!r} was acquired by process {self._pid}, not this one")
         if self._state is LeaseState.RELEASED:
             raise LockLost(f"lock {self.name!r} was released")

@@ -10,13 +10,13 @@ scheduler, so the two cannot drift apart.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import _process
 from .backend import Backend
 from .driver import Driver, Grant
 from .errors import LockError, LockLost, LockNotOwned, LockTimeout
@@ -47,9 +47,9 @@ class _TokenSource:
 
     def take(self) -> str:
         with self._mutex:
-            if len(self._pool) < 16 or self._pid != _process.pid:
+            if len(self._pool) < 16 or self._pid != os.getpid():
                 self._pool = secrets.token_bytes(4096)
-                self._pid = _process.pid
+                self._pid = os.getpid()
             token, self._pool = self._pool[:16], self._pool[16:]
         return token.hex()
 
@@ -139,7 +139,7 @@ class LockCore:
             lease = self.lease
         if lease is None:
             raise LockNotOwned(f"cannot {action} {self.name!r}: this Lock object does not hold it")
-        if lease.owner_pid != _process.pid:
+        if lease.owner_pid != os.getpid():
             raise LockNotOwned(
                 f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "
                 "a forked child never inherits its parent's locks"
@@ -189,7 +189,7 @@ class LockCore:
 
     def exit_error(self, lease: Lease | None) -> LockLost | None:
         """What ``__exit__`` must tell the block if the lock was lost while it ran."""
-        if lease is not None and not lease.valid and lease.owner_pid == _process.pid:
+        if lease is not None and not lease.valid and lease.owner_pid == os.getpid():
             return LockLost(
                 f"lock {self.name!r} was lost while the with-block ran ({lease.lost_reason}); "
                 "its work may have overlapped another holder's"

@@ -107,6 +107,7 @@ class _LockerBase(Generic[D]):
         """Close what a failed constructor already opened (best effort, synchronous drivers only)."""
         for backend in self._backends.values():
             driver = backend.mark_closed()
+            backend.stats.apply_queued()
             close = getattr(driver, "close", None)
             if close is not None and isinstance(driver, Driver):
                 try:
@@ -212,6 +213,7 @@ class Locker(_LockerBase[Driver]):
         for backend in self._backends.values():
             leases = backend.live_leases()
             driver = backend.mark_closed()
+            backend.stats.apply_queued()
             for lease in leases:
                 renewals.remove(lease)
                 lease.mark_lost("its locker was closed")
@@ -282,6 +284,7 @@ class AsyncLocker(_LockerBase[AsyncDriver]):
         for backend in self._backends.values():
             leases = backend.live_leases()
             driver = backend.mark_closed()
+            backend.stats.apply_queued()
             for lease in leases:
                 renewals.remove(lease)
                 lease.mark_lost("its locker was closed")

@@ -23,8 +23,9 @@ __all__ = ["BackendStats"]
 COUNTERS = ("acquisitions", "timeouts", "errors", "renewals", "renewal_failures", "losses", "releases")
 TIMINGS = ("wait", "hold")
 RESERVOIR = 2048
-QUEUED = 1024
-"""Hot-path events queued before they are applied (see BackendStats)."""
+QUEUED = 256
+"""Hot-path events queued before they are applied (see BackendStats); the caller that applies them holds the
+process-wide export lock meanwhile, so this stays small."""
 
 
 @dataclass
@@ -120,7 +121,9 @@ class _Exporter:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-        for source in list(self.sources):
+        with self._guard:  # tally() adds to the set under it
+            sources = list(self.sources)
+        for source in sources:
             source.apply_queued()
         with self._guard:
             rows = [(b, dict(t.counts), {k: list(v) for k, v in t.buckets.items()}, dict(t.sums))
@@ -141,6 +144,14 @@ class _Exporter:
             yield histogram
 
 
+def _flush_to_tally(queued: deque[tuple[str, str, float]], tally: _Tally, lock: Any) -> None:
+    with lock:
+        while queued:
+            counter, timing, seconds = queued.popleft()
+            tally.counts[counter] += 1
+            tally.observe(timing, seconds)
+
+
 class BackendStats:
     """Thread-safe counters and timings of one backend of a locker.
 
@@ -158,6 +169,8 @@ class BackendStats:
         self._queued: deque[tuple[str, str, float]] = deque()
         self._tally = _Exporter.tally(backend, self)
         self._lock = _Exporter._guard if self._tally is not None else threading.Lock()
+        if self._tally is not None:  # events still queued when this is dropped must reach Prometheus all the same
+            weakref.finalize(self, _flush_to_tally, self._queued, self._tally, self._lock)
 
     def count(self, counter: str, n: int = 1) -> None:
         with self._lock:
@@ -180,7 +193,8 @@ class BackendStats:
             self.apply_queued()
 
     def apply_queued(self) -> None:
-        """Apply the events queued so far (ones queued meanwhile wait for the next call)."""
+        """Apply the events queued so far (ones queued meanwhile wait for the next call); a locker calls this
+        when it closes."""
         queued = self._queued
         with self._lock:
             for _ in range(len(queued)):

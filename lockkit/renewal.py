@@ -28,13 +28,13 @@ import concurrent.futures
 import heapq
 import itertools
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import _process
 from ._aio import wait_event
 from .driver import Grant, RenewRequest
 from .lease import Lease, LeaseState
@@ -257,8 +257,9 @@ class RenewalScheduler:
     def __init__(self, clock: Clock) -> None:
         self.book = RenewalBook(clock)
         # add/remove (every acquire and release) take the mutex itself: entering the Condition is a
-        # Python-level call, the Lock's own context manager is not
-        self._mutex = threading.Lock()
+        # Python-level call, the lock's own context manager is not. Reentrant, as the Condition's default is:
+        # applying a batch's results under it can run a user's on_lost, which may release or acquire a lock.
+        self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
         self._planned: float | None = None  # when the thread will wake next (None: not before notified)
@@ -385,7 +386,7 @@ def scheduler(clock: Clock) -> RenewalScheduler:
     """The one renewal thread of this process (a new one after ``fork``, which copies no threads)."""
     # Keyed by clock too, so that a test's fake clock never drives real leases' deadlines.
     last = _last_scheduler
-    if last is not None and last[1] is clock and last[0] == _process.pid:
+    if last is not None and last[1] is clock and last[0] == os.getpid():
         return last[2]  # the hot path: every acquire and release asks, almost always for the same one
     return _find_scheduler(clock)
 
@@ -395,7 +396,7 @@ _last_scheduler: tuple[int, Clock, RenewalScheduler] | None = None
 
 def _find_scheduler(clock: Clock) -> RenewalScheduler:
     global _last_scheduler
-    key = (_process.pid, clock)
+    key = (os.getpid(), clock)
     with _process_guard:
         found = _process_schedulers.get(key)
         if found is None:

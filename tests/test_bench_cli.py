@@ -33,6 +33,7 @@ def test_bench_reports_every_measure(tmp_path: Path) -> None:
     (result,) = json.loads(done.stdout)
     assert result["uncontended_ms_p50"] > 0 and result["renewal_all_held"] is True
     assert result["handoffs_per_s"] is not None and result["fairness"] is not None
+    assert result["tokens_in_order"] is True and result["contention_error"] is None
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "bench.png").stat().st_size > 1000
 

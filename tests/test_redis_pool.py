@@ -13,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from backends.pytest_fixtures import RedisFactory
 from backends.servers import RedisServer
 from lockkit.drivers._redis_pool import ConnectionPool
 from lockkit.drivers._resp import read_replies
@@ -145,3 +146,18 @@ def test_reader_reports_a_connection_closed_by_the_server(pool_for: tuple[Connec
     finally:
         conn.disconnect()
         pool.release(conn)
+
+
+@pytest.mark.parametrize("health_check_interval", [0, 30])  # 0: no redis-py PING reads the refusal first
+def test_a_refused_login_is_a_clear_backend_error(fresh_redis: RedisFactory, health_check_interval: int) -> None:
+    import lockkit
+
+    server = fresh_redis(password="pw-XYZ-right")
+    wrong = f"redis://:pw-XYZ-wrong@{server.host}:{server.port}/0?health_check_interval={health_check_interval}"
+    without = f"redis://{server.host}:{server.port}/0?health_check_interval={health_check_interval}"
+    for url in (wrong, without):
+        with lockkit.connect(url) as locks, pytest.raises(lockkit.BackendUnavailable) as info:
+            locks.lock("refused", ttl=2).acquire(timeout=1)
+        message = str(info.value)
+        assert "unreachable" in message and ("auth" in message.lower() or "pass" in message.lower()), message
+        assert "pw-XYZ" not in message

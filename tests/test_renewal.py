@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -118,3 +119,27 @@ def test_a_renewal_landing_after_release_does_not_fire_on_lost() -> None:
         lock.release()
         book.apply(batches[backend], [None])  # the in-flight renewal finds the key gone
         assert fired == [] and lease.state.value == "released"
+
+
+def test_on_lost_may_release_and_acquire_locks_from_the_renewal_thread() -> None:
+    """A loss found by a renewal runs the user's on_lost on the scheduler's thread: it may use lockkit there."""
+    done = threading.Event()
+    with lockkit.connect("memory://on-lost-reentry") as locks:
+        other = locks.lock("other", ttl=5)
+        other.acquire()
+        victim: lockkit.Lock
+
+        def on_lost(lease: lockkit.Lease) -> None:
+            other.release()  # removes a lease from the scheduler
+            with locks.lock("again", ttl=5):  # adds one, and removes it
+                pass
+            with contextlib.suppress(lockkit.LockError):
+                victim.release()
+            done.set()
+
+        victim = locks.lock("victim", ttl=0.3, on_lost=on_lost)
+        victim.acquire()
+        assert locks.force_release("victim")  # the next renewal finds it gone
+        assert done.wait(3), "on_lost did not finish: the renewal thread is stuck"
+        with locks.lock("after", ttl=5):  # and the scheduler still takes new leases
+            pass

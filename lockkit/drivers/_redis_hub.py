@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from .. import _process
 from ._redis_config import NodeSpec
 from ._redis_keys import client_channel
 
@@ -54,7 +53,7 @@ class Hub:
 
     def _fresh(self) -> None:
         """The state of a hub that has not connected yet (also what a forked child starts from)."""
-        self._pid = _process.pid
+        self._pid = os.getpid()
         self.client_id = secrets.token_hex(6)
         self.client_channel = client_channel(self._spec.options.prefix, self.client_id)
         """Where a fair release tells one of this client's waiters that it was granted the lock."""
@@ -78,7 +77,7 @@ class Hub:
     def own_process(self) -> None:
         """Call before a wait: a forked child must not pass for its parent's client (same id, so the parent's
         subscription would look like the child listening) nor touch the parent's connection; it starts afresh."""
-        if self._pid != _process.pid:
+        if self._pid != os.getpid():
             self._fresh()  # the parent's objects are dropped, never closed: they are the parent's
 
     def _connection(self) -> Any:

@@ -23,6 +23,7 @@ stay redis-py's: the pool only hands out its ``Connection`` objects.
 
 from __future__ import annotations
 
+import os
 import select
 import threading
 import time
@@ -30,8 +31,6 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-
-from .. import _process
 
 __all__ = ["ConnectionPool"]
 
@@ -46,16 +45,16 @@ class ConnectionPool:
         self._idle: list[Any] = []
         self._all: set[Any] = set()  # redis-py connections hash by identity
         self._waiting = 0  # callers blocked for a connection: a return notifies only if there are any
-        self._pid = _process.pid
+        self._pid = os.getpid()
 
     def _after_fork(self) -> None:
         with self._mutex:
-            if self._pid != _process.pid:
+            if self._pid != os.getpid():
                 # the parent's sockets stay the parent's: forget them without a shutdown
-                self._idle, self._all, self._pid = [], set(), _process.pid
+                self._idle, self._all, self._pid = [], set(), os.getpid()
 
     def get(self) -> Any:
-        if self._pid != _process.pid:
+        if self._pid != os.getpid():
             self._after_fork()
         with self._mutex:
             if not self._idle and len(self._all) >= self._size:
@@ -89,7 +88,7 @@ class ConnectionPool:
         return conn
 
     def release(self, conn: Any) -> None:
-        if self._pid != _process.pid:
+        if self._pid != os.getpid():
             return
         with self._mutex:
             if conn in self._all:

@@ -84,15 +84,19 @@ class _Reader:
         if kind == b"+":
             return rest
         if kind == b"-":
-            return _parse_error(rest.decode(errors="replace"))
+            error = _parse_error(rest.decode(errors="replace"))
+            if isinstance(error, RedisConnectionError):  # NOAUTH, WRONGPASS, max clients: raised, as redis-py does
+                raise error
+            return error
         raise InvalidResponse(f"Protocol error from {self.label}: {line[:40]!r}")
 
 
 def read_replies(conn: Any, count: int, deadline: float) -> list[Any]:
     """Read ``count`` replies from ``conn``; the first may wait until ``deadline`` (monotonic).
 
-    Error replies are returned as redis-py's exception objects (the stream stays in step);
-    a timeout, a closed or broken connection raise redis-py's TimeoutError / ConnectionError.
+    Error replies are returned as redis-py's exception objects (the stream stays in step), except those
+    redis-py counts as connection errors (authentication, too many clients), which are raised like a
+    timeout, a closed or broken connection (redis-py's TimeoutError / ConnectionError).
     """
     sock = conn._sock
     if sock is None:
