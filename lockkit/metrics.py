@@ -123,6 +123,12 @@ class _Exporter:
 
         with self._guard:  # tally() adds to the set under it
             sources = list(self.sources)
+            while _orphans:
+                queued, tally = _orphans.popleft()
+                while queued:
+                    counter, timing, seconds = queued.popleft()
+                    tally.counts[counter] += 1
+                    tally.observe(timing, seconds)
         for source in sources:
             source.apply_queued()
         with self._guard:
@@ -144,12 +150,15 @@ class _Exporter:
             yield histogram
 
 
-def _flush_to_tally(queued: deque[tuple[str, str, float]], tally: _Tally, lock: Any) -> None:
-    with lock:
-        while queued:
-            counter, timing, seconds = queued.popleft()
-            tally.counts[counter] += 1
-            tally.observe(timing, seconds)
+_orphans: deque[tuple[deque[tuple[str, str, float]], _Tally]] = deque()
+"""Queues of collected stats objects, applied to their tallies at the next scrape."""
+
+
+def _orphaned(queued: deque[tuple[str, str, float]], tally: _Tally) -> None:
+    # A finalizer runs wherever the garbage collector does, possibly inside code that holds the export lock:
+    # so it takes no lock, it only hands the queue over (deque.append is atomic).
+    if queued:
+        _orphans.append((queued, tally))
 
 
 class BackendStats:
@@ -170,7 +179,7 @@ class BackendStats:
         self._tally = _Exporter.tally(backend, self)
         self._lock = _Exporter._guard if self._tally is not None else threading.Lock()
         if self._tally is not None:  # events still queued when this is dropped must reach Prometheus all the same
-            weakref.finalize(self, _flush_to_tally, self._queued, self._tally, self._lock)
+            weakref.finalize(self, _orphaned, self._queued, self._tally)
 
     def count(self, counter: str, n: int = 1) -> None:
         with self._lock:

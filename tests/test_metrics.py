@@ -81,3 +81,28 @@ def test_a_scrape_while_lockers_are_made_does_not_fail() -> None:
         stop.set()
         scraper.join(10)
     assert not errors, errors[0]
+
+
+def test_stats_collected_while_the_export_lock_is_held_do_not_deadlock() -> None:
+    """The garbage collector can finalize a dropped locker's statistics inside code holding the export lock."""
+    pytest.importorskip("prometheus_client")
+    import gc
+    import threading
+
+    from lockkit import metrics
+
+    class Cycle:  # keeps the stats alive past their last reference, until a collection finds the cycle
+        def __init__(self) -> None:
+            self.me = self
+            self.stats = metrics.BackendStats("gc-cycle")
+            self.stats.count_and_observe("acquisitions", "wait", 0.001)
+
+    def collect_under_the_lock() -> None:
+        with metrics._Exporter._guard:
+            gc.collect()
+
+    Cycle()
+    worker = threading.Thread(target=collect_under_the_lock, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "finalizing statistics under the export lock deadlocked"
