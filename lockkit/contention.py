@@ -72,44 +72,39 @@ class Contender(Protocol):
     def close(self) -> None: ...
 
 
-class LockkitContender:
+class _LockerContender:
+    """A lockkit lock as a contender; the subclasses only say which locker and backend."""
+
+    def __init__(self, locks: lockkit.Locker, name: str, backend: str | None = None) -> None:
+        self.locks = locks
+        self.lock = locks.lock(name, ttl=10, backend=backend)
+        guarantees = locks.guarantees()
+        self.fences = guarantees[backend or next(iter(guarantees))].fencing != "none"
+
+    def acquire(self, timeout: float) -> int | None:
+        lease = self.lock.acquire(timeout=timeout)
+        return lease.fencing_token if self.fences else None
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.locks.close()
+
+
+class LockkitContender(_LockerContender):
     """The default opener: ``lockkit.connect(url).lock(name)``."""
 
     def __init__(self, url: str, name: str) -> None:
-        self.locks = lockkit.connect(url)
-        self.lock = self.locks.lock(name, ttl=10)
-        (guarantees,) = self.locks.guarantees().values()
-        self.fences = guarantees.fencing != "none"
-
-    def acquire(self, timeout: float) -> int | None:
-        lease = self.lock.acquire(timeout=timeout)
-        return lease.fencing_token if self.fences else None
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.locks.close()
+        super().__init__(lockkit.connect(url), name)
 
 
-class ConfigContender:
+class ConfigContender(_LockerContender):
     """A configured backend: ``target`` is ``(config, backend)``, as :func:`lockkit.from_config` takes it."""
 
     def __init__(self, target: tuple[dict[str, Any], str], name: str) -> None:
-        config, self.backend = target
-        self.locks = lockkit.from_config(config)
-        self.lock = self.locks.lock(name, ttl=10, backend=self.backend)
-        self.fences = self.locks.guarantees()[self.backend].fencing != "none"
-
-    def acquire(self, timeout: float) -> int | None:
-        lease = self.lock.acquire(timeout=timeout)
-        return lease.fencing_token if self.fences else None
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        self.locks.close()
+        config, backend = target
+        super().__init__(lockkit.from_config(config), name, backend)
 
 
 Opener = Callable[[Any, str], Contender]

@@ -128,8 +128,7 @@ class _LockerBase(Generic[D]):
 
     def _core(self, name: object, ttl: object, backend: str | None, **kwargs: Any) -> LockCore:
         valid = validate_name(name)
-        self._check_open()
-        return LockCore(self._backends[self.settings.route(valid, backend)], valid, ttl, **kwargs)
+        return LockCore(self.backend_for(valid, backend), valid, ttl, **kwargs)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per backend: acquisitions, timeouts, errors, renewals, losses, wait and hold quantiles."""

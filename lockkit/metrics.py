@@ -80,6 +80,11 @@ class _Tally:
         self.buckets[timing][bisect.bisect_left(BUCKETS, seconds)] += 1
         self.sums[timing] += seconds
 
+    def add(self, counter: str, timing: str, seconds: float) -> None:
+        """One queued hot-path event: a count with its timing."""
+        self.counts[counter] += 1
+        self.observe(timing, seconds)
+
 
 class _Exporter:
     """A pull-based collector registered once in prometheus_client's registry.
@@ -126,9 +131,7 @@ class _Exporter:
             while _orphans:
                 queued, tally = _orphans.popleft()
                 while queued:
-                    counter, timing, seconds = queued.popleft()
-                    tally.counts[counter] += 1
-                    tally.observe(timing, seconds)
+                    tally.add(*queued.popleft())
         for source in sources:
             source.apply_queued()
         with self._guard:
@@ -211,8 +214,7 @@ class BackendStats:
                 self._counts[counter] += 1
                 self._timings[timing].add(seconds, self._rng)
                 if self._tally is not None:
-                    self._tally.counts[counter] += 1
-                    self._tally.observe(timing, seconds)
+                    self._tally.add(counter, timing, seconds)
 
     def snapshot(self) -> dict[str, Any]:
         self.apply_queued()

@@ -231,6 +231,19 @@ def queued_child(
     return child, channel
 
 
+def acquiring(locks: lockkit.Locker, name: str, ttl: float, timeout: float) -> tuple[threading.Thread, list[float]]:
+    """A thread acquiring ``name``; the list gets the monotonic time it succeeded."""
+    took: list[float] = []
+
+    def run() -> None:
+        locks.lock(name, ttl=ttl).acquire(timeout=timeout)
+        took.append(time.monotonic())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, took
+
+
 def stop_child(child: Any) -> None:
     child.kill()
     child.wait()
@@ -247,14 +260,7 @@ def test_crashed_waiter_is_skipped_by_the_release(redis_server: RedisServer, thr
         holder.acquire()
         child, channel = queued_child(redis_server, name, 5, locks, threads)
         try:
-            took: list[float] = []
-
-            def second() -> None:
-                locks.lock(name, ttl=5).acquire(timeout=10)
-                took.append(time.monotonic())
-
-            thread = threading.Thread(target=second)
-            thread.start()
+            thread, took = acquiring(locks, name, ttl=5, timeout=10)
             wait_for(lambda: locks.holder(name).waiters == threads + 1)
             child.kill()  # dies queued first, while its queue entries are still alive
             child.wait()
@@ -414,16 +420,11 @@ def test_waiters_hear_of_a_grant_after_their_pubsub_connection_was_replaced(redi
     with lockkit.connect(redis_server.url) as locks:
         holder = locks.lock(name, ttl=10)
         holder.acquire()
-        took: list[float] = []
-
-        def waiter() -> None:
-            locks.lock(name, ttl=10).acquire(timeout=20)
-            took.append(time.monotonic())
-
-        thread = threading.Thread(target=waiter)
-        thread.start()
+        thread, took = acquiring(locks, name, ttl=10, timeout=20)
         wait_for(lambda: locks.holder(name).waiters == 1)
         client.client_kill_filter(_type="pubsub")  # the hub reconnects; meanwhile its waiter looks again, queued
+        # The waiter must look again (woken by the drop) *before* the release, or it would simply find the lock
+        # free; nothing on the server marks that attempt, so give it a moment.
         time.sleep(0.02)
         released = time.monotonic()
         holder.release()  # likely while nothing listens: the waiter is skipped, the lock freed
@@ -452,8 +453,7 @@ def test_a_forked_child_waits_as_a_client_of_its_own(redis_server: RedisServer) 
             finally:
                 os._exit(code)
         try:
-            wait_for(lambda: other.holder(name).waiters == 1, 10)
-            time.sleep(0.1)
+            wait_for(lambda: other.holder(name).waiters == 1, 10)  # queued, so its client listens already
             holder.release()
         finally:
             _, status = os.waitpid(pid, 0)

@@ -8,7 +8,7 @@ With the default prefix ``lockkit:`` the lock named ``N`` uses::
     lockkit:{E}:queue   redis:// only: waiter ids in arrival order (a list)
     lockkit:{E}:alive   redis:// only: waiter id → alive-until in server ms (a sorted set)
     lockkit:client:C    redis:// only: the pub/sub channel of client C, on which a release tells one of
-                        C's waiters that the lock is reserved for it (waiter ids are "C.<random>")
+                        C's waiters that it was granted the lock (waiter ids are "C.<ttl ms>.<token>")
 
 and the presence group ``G`` (see :mod:`._redis_presence`) uses::
 
@@ -61,7 +61,7 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
 
 
 def client_channel(prefix: str, client_id: str) -> bytes:
-    """The channel a fair hand-off to one of this client's waiters is published on."""
+    """The channel a fair release's grant to one of this client's waiters is published on."""
     return f"{prefix}client:{client_id}".encode()
 
 

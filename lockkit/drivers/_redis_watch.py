@@ -33,6 +33,21 @@ def snapshots(targets: Sequence[tuple[Hub, bytes]]) -> list[Snapshot]:
     return [hub.snapshot(channel) for hub, channel in targets]
 
 
+async def _subscribe(
+    targets: Sequence[tuple[Hub, bytes]], before: list[Snapshot], wake: Callable[[bytes], None]
+) -> bool:
+    """Register ``wake`` on every target and wait for the server's confirmations; True if a message may have
+    been missed since the snapshots (both faces: the blocking one runs this on its loop thread)."""
+    missed = await asyncio.gather(
+        *(hub.watch(channel, wake, seen) for (hub, channel), seen in zip(targets, before, strict=True))
+    )
+    return any(missed)
+
+
+def _outcome(granted: int | None, woken: bool) -> str | int:
+    return granted if granted is not None else "woken" if woken else "timeout"
+
+
 class SyncWatcher:
     """One blocking waiter: wakes on a hub's message for it (or for everyone), a timeout, or a cancel.
 
@@ -90,7 +105,9 @@ class SyncWatcher:
 
     def _confirmed(self) -> bool:
         """Subscribe and wait for the server's confirmation, or for a cancel (then: look again, which sees it)."""
-        future = asyncio.run_coroutine_threadsafe(self._watch_confirmed(), self._loop.loop())
+        future = asyncio.run_coroutine_threadsafe(
+            _subscribe(self._targets, self._before, self._message), self._loop.loop()
+        )
         done = threading.Event()
         future.add_done_callback(lambda _: done.set())
         unhook = None if self._cancel is None else self._cancel.on_cancel(done.set)
@@ -102,15 +119,6 @@ class SyncWatcher:
         if future.done() and not future.cancelled() and future.exception() is None:
             return future.result()
         return True
-
-    async def _watch_confirmed(self) -> bool:
-        missed = await asyncio.gather(
-            *(
-                hub.watch(channel, self._message, before)
-                for (hub, channel), before in zip(self._targets, self._before, strict=True)
-            )
-        )
-        return any(missed)
 
     def _watch_soon(self) -> None:
         for (hub, channel), before in zip(self._targets, self._before, strict=True):
@@ -126,11 +134,8 @@ class SyncWatcher:
         event.clear()
         if self._cancel is not None and self._cancel.cancelled:
             return "cancelled"
-        return self._outcome(woken)
-
-    def _outcome(self, woken: bool) -> str | int:
         granted, self._granted = self._granted, None
-        return granted if granted is not None else "woken" if woken else "timeout"
+        return _outcome(granted, woken)
 
     def close(self) -> None:
         if self._unhook is not None:
@@ -149,7 +154,7 @@ class AsyncWatcher:
     def __init__(self, targets: Sequence[tuple[Hub, bytes]], wid: str | None = None) -> None:
         self._targets = targets
         self._wid = None if wid is None else wid.encode()
-        self._before = [hub.snapshot(channel) for hub, channel in targets]
+        self._before = snapshots(targets)
         self._event = asyncio.Event()
         self._granted: int | None = None
         self._watching = False
@@ -164,13 +169,7 @@ class AsyncWatcher:
 
     async def watch(self, confirm: bool = True) -> bool:  # always confirmed: awaiting costs no thread hop
         self._watching = True
-        missed = await asyncio.gather(
-            *(
-                hub.watch(channel, self._message, before)
-                for (hub, channel), before in zip(self._targets, self._before, strict=True)
-            )
-        )
-        return any(missed)
+        return await _subscribe(self._targets, self._before, self._message)
 
     async def wait(self, timeout: float | None) -> str | int:
         woken = await wait_event(self._event, timeout)
@@ -178,7 +177,7 @@ class AsyncWatcher:
         if self._interrupted:
             return "cancelled"
         granted, self._granted = self._granted, None
-        return granted if granted is not None else "woken" if woken else "timeout"
+        return _outcome(granted, woken)
 
     def interrupt(self) -> None:
         """End the current or next wait with ``"cancelled"`` (for a shielded acquire whose caller gave up)."""

@@ -126,6 +126,11 @@ class _Shared:
             keys, token, ttl, deadline, self.clock, label, wid, listening, o.min_replicas, o.replica_timeout
         )
 
+    def waiter(self, hub: Hub, name: str, ttl: float, token: str) -> tuple[str, list[tuple[Hub, bytes]]]:
+        """This acquire's waiter id (a grant to it goes to the client's own channel) and the channels it watches."""
+        hub.own_process()
+        return waiter_id(hub.client_id, ttl, token), [(hub, self.keys(name).channel), (hub, hub.client_channel)]
+
     def renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
         return [Call(RENEW, (k.lock, k.fence), (r.token, ms(r.ttl))) for r in requests for k in (self.keys(r.name),)]
 
@@ -192,10 +197,7 @@ class RedisDriver:
     ) -> Grant | None:
         if cancel is not None and cancel.cancelled:
             return None
-        hub = self._hub
-        hub.own_process()
-        wid = waiter_id(hub.client_id, ttl, token)  # a grant to it goes to this client's channel
-        targets = [(hub, self._shared.keys(name).channel), (hub, hub.client_channel)]
+        wid, targets = self._shared.waiter(self._hub, name, ttl, token)
         before = snapshots(targets)  # before the first attempt; the watcher itself only if we must wait
         watcher: SyncWatcher | None = None
 
@@ -292,10 +294,8 @@ class AsyncRedisDriver:
             raise unavailable(self._node.spec.label, exc) from exc
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        hub = self._hub
-        hub.own_process()
-        wid = waiter_id(hub.client_id, ttl, token)
-        watcher = AsyncWatcher([(hub, self._shared.keys(name).channel), (hub, hub.client_channel)], wid)
+        wid, targets = self._shared.waiter(self._hub, name, ttl, token)
+        watcher = AsyncWatcher(targets, wid)
 
         async def perform(op: Op) -> Any:
             if isinstance(op, Send):
@@ -311,7 +311,7 @@ class AsyncRedisDriver:
             return await watcher.wait(op.timeout)
 
         try:
-            listening = hub.snapshot(hub.client_channel) is not None
+            listening = self._hub.snapshot(self._hub.client_channel) is not None
             return await adrive(self._shared.flow(name, token, ttl, deadline, wid, listening), perform)
         except BaseException:
             # As in the blocking face: leave, passing on what an attempt or a release may have granted (owner-checked,
