@@ -1,4 +1,4 @@
-"""etcd with three members (E-6 of RELIABILITY.md), against a real EtcdCluster from backends/.
+"""etcd with three members (E-6 of docs/reliability.md), against a real EtcdCluster from backends/.
 
 Every member, the holder and the waiter is a real process or client; faults are SIGKILLs of
 processes this test started, by PID. A lease's countdown restarts when a new leader takes office

@@ -1,4 +1,4 @@
-"""etcd fault scenarios from RELIABILITY.md (C-*, E-*), against real etcd servers from backends/.
+"""etcd fault scenarios from docs/reliability.md (C-*, E-*), against real etcd servers from backends/.
 
 Timing bounds carry CI slack and print what was measured. etcd's lessor
 checks for expired leases every 500 ms, so "the lease expired" is observable

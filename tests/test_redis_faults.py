@@ -1,4 +1,4 @@
-"""Fault scenarios for redis:// (RELIABILITY.md section 2.1), each named after its scenario."""
+"""Fault scenarios for redis:// (docs/reliability.md), each named after its scenario."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from backends.pytest_fixtures import ProxyFactory, RedisFactory
 from backends.servers import RedisServer
 from lockkit import ConfigError, LockLost, LockNotOwned
 
-SLACK = 0.25  # CI scheduling slack on "within X" bounds (RELIABILITY.md 2.0)
+SLACK = 0.25  # CI scheduling slack on "within X" bounds (docs/reliability.md, test infrastructure)
 
 HOLDER = """
 import sys, time, lockkit

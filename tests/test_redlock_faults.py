@@ -1,4 +1,4 @@
-"""Fault scenarios for redlock:// (RELIABILITY.md section 2.1), each named after its scenario."""
+"""Fault scenarios for redlock:// (docs/reliability.md), each named after its scenario."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault scenarios for zookeeper:// (RELIABILITY.md: C-2, C-4a/b, C-5, C-7, C-10, C-11, Z-1, Z-2, Z-3).
+"""Fault scenarios for zookeeper:// (docs/reliability.md: C-2, C-4a/b, C-5, C-7, C-10, C-11, Z-1, Z-2, Z-3).
 
 Every test really kills, pauses or cuts something: a holder child process, the
 server process, or the holder's traffic through the FaultProxy. Session
