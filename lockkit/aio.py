@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from types import TracebackType
 
+from ._aio import finish_even_if_cancelled
 from .driver import AsyncDriver, Grant
 from .errors import LockError, LockTimeout
-from .lease import Lease
+from .lease import Lease, RenewalTicket
 from .lock import _DEFAULT, LockCore
 from .renewal import async_scheduler
-from .timing import validate_ttl
 
 __all__ = ["AsyncLock"]
 
@@ -68,27 +68,49 @@ class AsyncLock:
             return None
 
     async def renew(self, ttl: float | None = None) -> Lease:
+        """Extend the lease to ``ttl`` (default: the lock's ttl) from now; :class:`LockLost` if it is gone.
+
+        As :meth:`lockkit.Lock.renew`: the new deadline replaces the old one and automatic renewal goes on
+        with the new ttl. Cancelling the caller does not abandon the renewal half-way: it completes in the
+        background and the lease records its outcome.
+        """
         core = self._core
         lease = core.held_lease("renew")
-        core.check_renewable(lease)
-        want = core.ttl if ttl is None else validate_ttl(ttl)
+        want, ticket = core.start_renewal(lease, ttl)
+        return await finish_even_if_cancelled(self._renew(lease, want, ticket), f"renewing {core.name!r}")
+
+    async def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
+        core = self._core
+        renewals = async_scheduler(core.clock)
         try:
             grant = await self._driver().renew(core.name, lease.token, want)
-        except LockError:
-            core.backend.stats.count("errors")
+        except BaseException as exc:
+            core.renew_errored(lease, ticket, exc)
+            renewals.retune(lease, None)
             raise
-        return core.renewed(lease, grant)
+        try:
+            return core.renewed(lease, grant, ticket)
+        finally:
+            renewals.retune(lease, want)
 
     async def release(self) -> None:
+        """Release the lock; :class:`LockNotOwned` if it was not ours any more (nothing is deleted then).
+
+        Cancelling the caller does not abandon the release half-way: it completes in the background, so the
+        lease never says ``valid`` after the server let the lock go, nor is the lock left held with nobody
+        renewing it.
+        """
         core = self._core
         lease = core.held_lease("release")
         async_scheduler(core.clock).remove(lease)
+        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}")
+
+    async def _release(self, lease: Lease) -> None:
+        core = self._core
         try:
             ok = await self._driver().release(core.name, lease.token)
-        except LockError:
-            core.backend.stats.count("errors")
-            lease.mark_released()
-            core.finish(lease, released=False)
+        except BaseException as exc:
+            core.release_errored(lease, exc)
             raise
         core.after_release(lease, ok)
 

@@ -40,7 +40,9 @@ class Backend(Generic[D]):
         self._leases: dict[str, weakref.ref[Lease]] = {}
         self._prune_at = PRUNE_AT
         self._mutex = threading.Lock()
-        self._early_losses: dict[str, str] = {}
+        # Session events about tokens not tracked yet: a driver may report them between returning a grant and
+        # the front end tracking its lease; track() applies them. Token -> (lost?, reason); bounded.
+        self._early: dict[str, tuple[bool, str]] = {}
 
     def attach(self, driver: D) -> None:
         self._driver = driver
@@ -72,8 +74,13 @@ class Backend(Generic[D]):
             self._leases[lease.token] = weakref.ref(lease)
             if len(self._leases) >= self._prune_at:
                 self._prune()
-            early = self._early_losses.pop(lease.token, None)
-        if early is not None and lease.mark_lost(early):
+            early = self._early.pop(lease.token, None) if self._early else None
+        if early is None:
+            return
+        lost, reason = early
+        if not lost:
+            lease.mark_uncertain(reason)
+        elif lease.mark_lost(reason):
             self.stats.count("losses")
 
     def forget(self, lease: Lease) -> None:
@@ -97,28 +104,37 @@ class Backend(Generic[D]):
 
     # -- LeaseEvents -------------------------------------------------------------------------
 
+    def _keep_early(self, token: str, lost: bool, reason: str) -> None:
+        with self._mutex:
+            if not lost and self._early.get(token, (False, ""))[0]:
+                return  # already lost: a later suspension must not downgrade it
+            self._early[token] = (lost, reason)
+            while len(self._early) > EARLY_LOSSES:
+                self._early.pop(next(iter(self._early)))
+
     def lost(self, token: str, reason: str) -> None:
         lease = self._find(token)
         if lease is None:
-            # The driver may report a loss between returning a grant and the front end tracking its lease:
-            # keep it (bounded) so that track() applies it.
-            with self._mutex:
-                self._early_losses[token] = reason
-                while len(self._early_losses) > EARLY_LOSSES:
-                    self._early_losses.pop(next(iter(self._early_losses)))
+            self._keep_early(token, True, reason)
             return
         if lease.mark_lost(reason):
             self.stats.count("losses")
 
     def uncertain(self, token: str, reason: str) -> None:
         lease = self._find(token)
-        if lease is not None:
-            lease.mark_uncertain(reason)
+        if lease is None:
+            self._keep_early(token, False, reason)  # a suspension before tracking must not be dropped
+            return
+        lease.mark_uncertain(reason)
 
     def restored(self, token: str) -> None:
         lease = self._find(token)
-        if lease is not None:
-            lease.mark_restored()
+        if lease is None:
+            with self._mutex:
+                if self._early.get(token, (True, ""))[0] is False:
+                    del self._early[token]
+            return
+        lease.mark_restored()
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r}, {self.shown_url!r}{', closed' if self._closed else ''})"

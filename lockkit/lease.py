@@ -13,6 +13,14 @@ child never inherits a lock). Checking validity never touches the network, so
 
 The object is live: auto-renewal moves ``expires_at`` forward, and loss is seen
 by every holder of the reference (the ``with`` block's ``lease`` included).
+
+A renewal *replaces* the deadline with what the server now has (send time + the
+renewal's ttl − drift), so ``renew(ttl=1)`` on a lease granted for 30 s leaves
+one second of validity, not 29. Renewals that overlap in flight (the scheduler's
+batch and a direct ``renew``, or two threads) may reach the server in either
+order, so each one's result is capped by the lowest deadline any overlapping
+renewal could have set; a renewal whose outcome is unknown (it raised, or its
+caller was cancelled) caps the deadline the same way, since it may have landed.
 """
 
 from __future__ import annotations
@@ -47,6 +55,22 @@ class LeaseState(enum.Enum):
 LostCallback = Callable[["Lease"], None]
 
 
+class RenewalTicket:
+    """One renewal in flight: the lowest deadline it, or any renewal overlapping it, could leave behind."""
+
+    __slots__ = ("cap", "cap_ttl", "floor", "ttl")
+
+    def __init__(self, floor: float, ttl: float) -> None:
+        self.floor = floor  # lease_deadline(send time, requested ttl): what it sets at the least, if it lands
+        self.ttl = ttl
+        self.cap = floor
+        self.cap_ttl = ttl
+
+    def overlaps(self, other: RenewalTicket) -> None:
+        if other.floor < self.cap:
+            self.cap, self.cap_ttl = other.floor, other.ttl
+
+
 class Lease:
     """One acquisition of one lock."""
 
@@ -75,6 +99,7 @@ class Lease:
         self._callbacks: list[LostCallback] = list(on_lost or ())
         self._pid = os.getpid()
         self._mutex = threading.Lock()
+        self._in_flight: list[RenewalTicket] = []
 
     # -- what holders read -------------------------------------------------------------
 
@@ -144,16 +169,52 @@ class Lease:
 
     # -- what the front end and the renewal scheduler call ------------------------------
 
-    def extend(self, sent_at: float, ttl: float) -> bool:
-        """Record a successful renewal that was sent at ``sent_at``. False if the lease is already over."""
+    def renewal_started(self, sent_at: float, ttl: float) -> RenewalTicket:
+        """Note a renewal about to be sent at (or after) ``sent_at`` asking for ``ttl``; pass the ticket on."""
+        ticket = RenewalTicket(lease_deadline(sent_at, ttl), ttl)
         with self._mutex:
+            for other in self._in_flight:
+                other.overlaps(ticket)
+                ticket.overlaps(other)
+            self._in_flight.append(ticket)
+        return ticket
+
+    def _settle(self, ticket: RenewalTicket | None) -> None:
+        if ticket is not None and ticket in self._in_flight:
+            self._in_flight.remove(ticket)
+
+    def extend(self, sent_at: float, ttl: float, ticket: RenewalTicket | None = None) -> bool:
+        """Record a successful renewal that was sent at ``sent_at``. False if the lease is already over.
+
+        The new deadline replaces the old one: the server now expires the lock ``ttl`` after it applied this
+        renewal, whatever the earlier ttl was. ``ticket`` (from :meth:`renewal_started`) caps it by every
+        renewal that overlapped this one in flight, because the server may have applied those last.
+        """
+        with self._mutex:
+            self._settle(ticket)
             if self._state not in (LeaseState.HELD, LeaseState.UNCERTAIN):
                 return False
             if self._clock() >= self._expires_at:
                 return False  # a renewal that comes back after the deadline must not revive the lease
+            deadline = lease_deadline(sent_at, ttl)
+            if ticket is not None and ticket.cap < deadline:
+                deadline, ttl = ticket.cap, ticket.cap_ttl
             self._ttl = ttl
-            self._expires_at = max(self._expires_at, lease_deadline(sent_at, ttl))
+            self._expires_at = deadline
             return True
+
+    def renewal_unknown(self, ticket: RenewalTicket) -> None:
+        """A renewal failed or was abandoned with its outcome unknown: it may have landed, so cap by it."""
+        with self._mutex:
+            self._settle(ticket)
+            if ticket.cap < self._expires_at:
+                self._expires_at = ticket.cap
+                self._ttl = min(self._ttl, ticket.cap_ttl)
+
+    def renewal_refused(self, ticket: RenewalTicket) -> None:
+        """The server answered that our token is gone: the ticket is settled (the lease is lost anyway)."""
+        with self._mutex:
+            self._settle(ticket)
 
     def mark_uncertain(self, reason: str) -> None:
         with self._mutex:

@@ -20,7 +20,7 @@ from typing import Any
 from .backend import Backend
 from .driver import Driver, Grant
 from .errors import LockError, LockLost, LockNotOwned, LockTimeout
-from .lease import Lease, LostCallback, token_hint
+from .lease import Lease, LostCallback, RenewalTicket, token_hint
 from .names import validate_name
 from .renewal import scheduler
 from .timing import deadline_after, validate_timeout, validate_ttl
@@ -172,12 +172,37 @@ class LockCore:
             "nothing was deleted. Use a longer ttl or keep auto_renew on"
         )
 
-    def renewed(self, lease: Lease, grant: Grant | None) -> Lease:
+    def release_errored(self, lease: Lease, error: BaseException) -> None:
+        """A release raised (or its task was cancelled): the server may still hold the lock until its TTL.
+
+        The lease is no longer trusted either way, and nothing renews it any more (it left the scheduler
+        before the call), so it must not keep saying ``valid``.
+        """
+        if isinstance(error, LockError):
+            self.backend.stats.count("errors")
+        lease.mark_released()
+        self.finish(lease, released=False)
+
+    def start_renewal(self, lease: Lease, ttl: object) -> tuple[float, RenewalTicket]:
+        """Check a direct renew and note it on the lease before it is sent (see :meth:`Lease.renewal_started`)."""
+        self.check_renewable(lease)
+        want = self.ttl if ttl is None else validate_ttl(ttl)
+        return want, lease.renewal_started(self.clock(), want)
+
+    def renew_errored(self, lease: Lease, ticket: RenewalTicket, error: BaseException) -> None:
+        """A direct renew raised or was cancelled: it may have reached the server, so cap the lease by it."""
+        if isinstance(error, LockError):
+            self.backend.stats.count("errors")
+        lease.renewal_unknown(ticket)
+
+    def renewed(self, lease: Lease, grant: Grant | None, ticket: RenewalTicket | None = None) -> Lease:
         if grant is None:
+            if ticket is not None:
+                lease.renewal_refused(ticket)
             if lease.mark_lost("renew found the server no longer holds our token"):
                 self.backend.stats.count("losses")
             raise LockLost(f"lock {self.name!r} was lost: the server no longer holds our token")
-        if not lease.extend(grant.sent_at, grant.ttl):
+        if not lease.extend(grant.sent_at, grant.ttl, ticket):
             lease.ensure_valid()
             raise LockLost(f"lock {self.name!r} was lost before the renewal completed")
         self.backend.stats.count("renewals")
@@ -257,17 +282,25 @@ class Lock:
             return None
 
     def renew(self, ttl: float | None = None) -> Lease:
-        """Extend the lease to ``ttl`` (default: the lock's ttl) from now; :class:`LockLost` if it is gone."""
+        """Extend the lease to ``ttl`` (default: the lock's ttl) from now; :class:`LockLost` if it is gone.
+
+        The new deadline replaces the old one, shorter or longer, and automatic renewal goes on with the new
+        ttl: ``renew(ttl=1)`` on a lease granted for 30 s leaves about one second of validity.
+        """
         core = self._core
         lease = core.held_lease("renew")
-        core.check_renewable(lease)
-        want = core.ttl if ttl is None else validate_ttl(ttl)
+        want, ticket = core.start_renewal(lease, ttl)
+        renewals = scheduler(core.clock)
         try:
             grant = self._driver().renew(core.name, lease.token, want)
-        except LockError:
-            core.backend.stats.count("errors")
+        except BaseException as exc:
+            core.renew_errored(lease, ticket, exc)
+            renewals.retune(lease, None)
             raise
-        return core.renewed(lease, grant)
+        try:
+            return core.renewed(lease, grant, ticket)
+        finally:
+            renewals.retune(lease, want)
 
     def release(self) -> None:
         """Release the lock; :class:`LockNotOwned` if it was not ours any more (nothing is deleted then)."""
@@ -276,10 +309,8 @@ class Lock:
         scheduler(core.clock).remove(lease)
         try:
             ok = self._driver().release(core.name, lease.token)
-        except LockError:
-            core.backend.stats.count("errors")
-            lease.mark_released()
-            core.finish(lease, released=False)
+        except BaseException as exc:
+            core.release_errored(lease, exc)
             raise
         core.after_release(lease, ok)
 

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from ._aio import wait_event
 from .driver import Grant, RenewRequest
-from .lease import Lease, LeaseState
+from .lease import Lease, LeaseState, RenewalTicket
 from .metrics import BackendStats
 from .timing import Clock
 
@@ -68,6 +68,8 @@ class Entry:
     next_renew: float
     in_flight: bool = False
     sent_at: float = field(default=0.0)
+    ticket: RenewalTicket | None = None
+    """The lease's note of the batch renewal in flight (see :meth:`Lease.renewal_started`)."""
     version: int = 0
     """Bumped whenever the entry is rescheduled: heap items of older versions are stale."""
 
@@ -76,6 +78,15 @@ class Entry:
 
 
 _RENEW, _DEADLINE = 0, 1
+
+
+def renew_due(lease: Lease) -> float:
+    """When to renew next: a third of the lease's ttl after the send its deadline counts from.
+
+    Read off the lease (not off the last batch's reply), because a direct ``renew(ttl=…)`` or an overlapping
+    renewal may have set a shorter deadline than the batch's own reply would.
+    """
+    return lease.expires_at - lease.ttl * (1 - RENEW_FRACTION)
 
 
 class RenewalBook:
@@ -132,6 +143,25 @@ class RenewalBook:
         if self._incoming.pop(id(lease), None) is None:
             self._entries.pop(id(lease), None)  # its heap items turn stale
 
+    def retune(self, lease: Lease, requested_ttl: float | None) -> None:
+        """A direct ``renew`` changed the lease (or may have): reschedule it, renewing at ``requested_ttl`` on.
+
+        The deadline item moves with the lease (a shorter ttl must be watched at its own, earlier deadline)
+        and the next renewal is due a third of the new ttl after it was sent.
+        """
+        waiting = self._incoming.get(id(lease))
+        if waiting is not None:
+            if requested_ttl is not None:
+                self._incoming[id(lease)] = (lease, waiting[1], requested_ttl, waiting[3], waiting[4])
+            return
+        entry = self._entries.get(id(lease))
+        if entry is None:
+            return
+        if requested_ttl is not None:
+            entry.requested_ttl = requested_ttl
+        entry.next_renew = renew_due(lease)
+        self._push(entry)  # while a batch is in flight only the deadline is queued; apply() queues the renewal
+
     def take_due(self, now: float) -> tuple[dict[Any, list[Entry]], list[Entry]]:
         """Mark due entries in flight and return them by target; also the entries past their deadline."""
         if self._incoming:
@@ -162,6 +192,7 @@ class RenewalBook:
                 continue
             entry.in_flight = True
             entry.sent_at = now
+            entry.ticket = entry.lease.renewal_started(now, entry.requested_ttl)
             self._push(entry)  # in flight: only its deadline is queued until the batch completes
             batches.setdefault(entry.target, []).append(entry)
         self._busy.update(batches)
@@ -193,7 +224,8 @@ class RenewalBook:
         for entry, result in zip(batch, results, strict=True):
             entry.in_flight = False
             if self._entries.get(id(entry.lease)) is not entry:
-                continue  # released (or re-registered) while the batch was in flight: its outcome is moot
+                _settle(entry, result)  # released while the batch was in flight: only the lease's note is left
+                continue
             failure = self._apply_one(entry, result, now)
             if failure is not None:
                 failures.append((entry, failure))
@@ -214,18 +246,23 @@ class RenewalBook:
         if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
             return None
         stats: BackendStats = entry.target.stats
+        ticket, entry.ticket = entry.ticket, None
         if isinstance(result, Grant):
-            if lease.extend(result.sent_at, result.ttl):
+            if lease.extend(result.sent_at, result.ttl, ticket):
                 stats.count("renewals")
-                entry.next_renew = result.sent_at + result.ttl * RENEW_FRACTION
+                entry.next_renew = renew_due(lease)
             elif lease.mark_lost("the renewal came back after the lease's deadline"):
                 stats.count("losses")
             return None
         stats.count("renewal_failures")
         if result is None:
+            if ticket is not None:
+                lease.renewal_refused(ticket)
             if lease.mark_lost("the server no longer holds our token (expired, evicted or taken)"):
                 stats.count("losses")
             return None
+        if ticket is not None:
+            lease.renewal_unknown(ticket)  # it may have landed: never trust more than it would have left
         entry.next_renew = now + min(MAX_RETRY_DELAY, lease.ttl * RETRY_FRACTION)
         return result
 
@@ -245,6 +282,18 @@ class RenewalBook:
         if self._incoming:
             self._admit()
         return list(self._entries.values())
+
+
+def _settle(entry: Entry, result: Grant | BaseException | None) -> None:
+    ticket, entry.ticket = entry.ticket, None
+    if ticket is None:
+        return
+    if isinstance(result, Grant):
+        entry.lease.extend(result.sent_at, result.ttl, ticket)
+    elif result is None:
+        entry.lease.renewal_refused(ticket)
+    else:
+        entry.lease.renewal_unknown(ticket)
 
 
 def _requests(batch: Sequence[Entry]) -> list[RenewRequest]:
@@ -280,6 +329,12 @@ class RenewalScheduler:
     def remove(self, lease: Lease) -> None:
         with self._mutex:
             self.book.remove(lease)
+
+    def retune(self, lease: Lease, requested_ttl: float | None) -> None:
+        """After a direct renew: the lease's deadline and ttl may have moved (see :meth:`RenewalBook.retune`)."""
+        with self._cond:
+            self.book.retune(lease, requested_ttl)
+            self._cond.notify()
 
     def wake(self) -> None:
         with self._cond:
@@ -335,6 +390,11 @@ class AsyncRenewalScheduler:
 
     def remove(self, lease: Lease) -> None:
         self.book.remove(lease)
+
+    def retune(self, lease: Lease, requested_ttl: float | None) -> None:
+        """After a direct renew: the lease's deadline and ttl may have moved (see :meth:`RenewalBook.retune`)."""
+        self.book.retune(lease, requested_ttl)
+        self._wakeup.set()
 
     async def _run(self) -> None:
         # Not ending at the first empty look: most locks are released before the task first runs, and a

@@ -46,12 +46,29 @@ def test_renewal_that_returns_after_the_deadline_does_not_revive() -> None:
     assert not lease.valid
 
 
-def test_extend_never_moves_the_deadline_back() -> None:
+def test_extend_replaces_the_deadline_with_what_the_server_has() -> None:
+    """A-1: a renewal sets the server's expiry to its own ttl, shorter or longer, so the lease follows it."""
     clock = FakeClock()
     lease = _lease(clock, ttl=10)
-    before = lease.expires_at
-    assert lease.extend(clock.now - 5, 1)  # a reordered, older renewal
-    assert lease.expires_at == before
+    clock.now += 1
+    assert lease.extend(clock.now, 1)
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1)) and lease.ttl == 1
+    assert lease.extend(clock.now, 20)
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 20))
+
+
+def test_overlapping_renewals_trust_the_lowest_deadline_either_could_leave() -> None:
+    clock = FakeClock()
+    lease = _lease(clock, ttl=10)
+    older = lease.renewal_started(clock.now, 10)
+    clock.now += 0.5
+    newer = lease.renewal_started(clock.now, 1)
+    assert lease.extend(clock.now, 1, newer)
+    assert lease.extend(clock.now - 0.5, 10, older)  # a reordered, older renewal: it may have landed first
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1)) and lease.ttl == 1
+    later = lease.renewal_started(clock.now + 0.1, 10)  # after both: no overlap, it counts in full
+    assert lease.extend(clock.now + 0.1, 10, later)
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now + 0.1, 10))
 
 
 def test_lost_fires_callbacks_once_and_late_callbacks_at_once() -> None:

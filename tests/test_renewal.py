@@ -6,6 +6,8 @@ import contextlib
 import threading
 import time
 
+import pytest
+
 import lockkit
 from lockkit.renewal import RenewalBook, scheduler
 
@@ -143,3 +145,44 @@ def test_on_lost_may_release_and_acquire_locks_from_the_renewal_thread() -> None
         assert done.wait(3), "on_lost did not finish: the renewal thread is stuck"
         with locks.lock("after", ttl=5):  # and the scheduler still takes new leases
             pass
+
+
+def test_A1_retune_moves_the_deadline_watch_and_the_renewal_pace_to_the_new_ttl() -> None:
+    """After renew(ttl=1) on a 30 s lease the book watches the new deadline and renews every ~1/3 s."""
+    clock = _Clock()
+    with lockkit.connect("memory://book-retune", clock=clock) as locks:
+        lock = locks.lock("t", ttl=30, auto_renew=False)
+        lease = lock.acquire()
+        backend = locks.backend_for("t")
+        book = RenewalBook(clock)
+        book.add(lease, backend, 30, True, None)
+        assert book.next_wakeup() == 10.0
+        clock.now = 1.0
+        grant = backend.driver.renew("t", lease.token, 1)
+        assert lease.extend(grant.sent_at, grant.ttl)
+        book.retune(lease, 1)
+        assert book.next_wakeup() == pytest.approx(lease.expires_at - 2 / 3)  # a third of the new ttl after its send
+        clock.now = 1.4
+        batches, _ = book.take_due(clock.now)
+        assert [e.requested_ttl for e in batches[backend]] == [1]
+        book.apply(batches[backend], [None])  # say the server lost it: the book must not wait 30 s to tell
+        assert lease.state.value == "lost"
+
+
+def test_A1_a_batch_reply_landing_after_a_shorter_direct_renew_cannot_lengthen_the_lease() -> None:
+    clock = _Clock()
+    with lockkit.connect("memory://book-overlap", clock=clock) as locks:
+        lock = locks.lock("o", ttl=30, auto_renew=False)
+        lease = lock.acquire()
+        backend = locks.backend_for("o")
+        book = RenewalBook(clock)
+        book.add(lease, backend, 30, True, None)
+        clock.now = 10.0
+        batches, _ = book.take_due(clock.now)  # the 30 s renewal goes in flight
+        clock.now = 10.1
+        ticket = lease.renewal_started(clock.now, 1)
+        assert lease.extend(clock.now, 1, ticket)  # renew(ttl=1) answered first
+        book.retune(lease, 1)
+        book.apply(batches[backend], [lockkit.driver.Grant(fencing_token=1, ttl=30, sent_at=10.0)])  # type: ignore[attr-defined]
+        assert lease.expires_at <= 11.1 and lease.ttl == 1
+        assert book.next_wakeup() is not None and book.next_wakeup() <= 10.5  # type: ignore[operator]
