@@ -56,21 +56,20 @@ def _format_host(host: str, port: int | None) -> str:
 
 
 def redact(url: str) -> str:
-    """Mask the password of a URL string, even one that does not parse."""
+    """Mask the password of a URL string, even one that does not parse.
+
+    The userinfo ends at the *last* ``@`` of the URL, not at the first ``/``, ``?`` or ``#``: a password with
+    one of those characters left unencoded (``app:pa/ss@host``) would otherwise read as a host followed by a
+    path, and be shown in full. Masking too much (an ``@`` in a query value) hides a host name, never a secret.
+    """
     scheme, sep, rest = url.partition("://")
-    if not sep:
+    if not sep or "@" not in rest:
         return url
-    authority_end = len(rest)
-    for stop in "/?#":
-        pos = rest.find(stop)
-        if pos != -1:
-            authority_end = min(authority_end, pos)
-    authority, tail = rest[:authority_end], rest[authority_end:]
-    if "@" not in authority:
-        return url
-    userinfo, _, hosts = authority.rpartition("@")
+    userinfo, _, hosts = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{tail}"
+    if any(stop in user for stop in "/?#"):
+        return f"{scheme}://***@{hosts}"  # not a plain user name: do not guess where a secret starts
+    return f"{scheme}://{user}{':***' if colon else ''}@{hosts}"
 
 
 def _parse_host(part: str, shown: str) -> tuple[str, int | None]:
@@ -111,6 +110,11 @@ def parse_url(url: object) -> BackendURL:
     netloc = url.split("://", 1)[1]
     for stop in "/?#":
         netloc = netloc.split(stop, 1)[0]
+    if "@" not in netloc and "@" in url.split("://", 1)[1]:
+        raise ConfigError(
+            f"cannot tell the user name and password from the host in {shown!r}: an '@' follows a '/', '?' or "
+            "'#'. Percent-encode those characters in the password (urllib.parse.quote(password, safe=''))"
+        )
     username = password = None
     if "@" in netloc:
         userinfo, _, netloc = netloc.rpartition("@")

@@ -61,3 +61,41 @@ def test_config_secret_from_environment_is_masked(
     with pytest.raises(lockkit.ConfigError) as info:
         lockkit.from_config(path)
     assert "bogus" in str(info.value) and SECRET not in _chain(info.value)
+
+
+RESERVED = ":/?#[]@!$&'()*+,;=% "
+
+
+@pytest.mark.parametrize("char", list(RESERVED))
+@pytest.mark.parametrize("scheme", ["redis", "redlock", "zookeeper", "etcd"])
+def test_password_with_a_reserved_character_is_never_shown(scheme: str, char: str) -> None:
+    """A password with a reserved character left unencoded must not leak through the error that follows."""
+    hosts = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3" if scheme == "redlock" else "127.0.0.1:1"
+    secret = f"pa{char}ss-{SECRET}"
+    url = f"{scheme}://app:{secret}@{hosts}/0"
+    assert SECRET not in lockkit.urls.redact(url)
+    try:
+        locks = lockkit.connect(url)
+    except lockkit.ConfigError as exc:
+        assert SECRET not in _chain(exc), f"{char!r}: {exc}"
+        return
+    try:
+        assert SECRET not in repr(locks) and SECRET not in str(locks.describe())
+    finally:
+        locks.close()
+
+
+@pytest.mark.parametrize("char", list(RESERVED))
+def test_percent_encoded_reserved_password_round_trips(char: str) -> None:
+    from urllib.parse import quote
+
+    password = f"pa{char}ss-{SECRET}"
+    parsed = lockkit.urls.parse_url(f"redis://app:{quote(password, safe='')}@127.0.0.1:6379/0")
+    assert parsed.password == password and parsed.hosts == (("127.0.0.1", 6379),)
+    assert SECRET not in str(parsed) and SECRET not in repr(parsed)
+
+
+def test_unencoded_slash_in_password_says_to_percent_encode() -> None:
+    with pytest.raises(lockkit.ConfigError, match="Percent-encode") as info:
+        lockkit.connect(f"redis://app:pa/ss-{SECRET}@127.0.0.1:1/0")
+    assert SECRET not in _chain(info.value)
