@@ -53,10 +53,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("lockkit run: give the command after --, e.g. lockkit run nightly -- ./job.sh", file=sys.stderr)
         return EXIT_USAGE
     lost = threading.Event()
+    wake = threading.Event()  # set when the lock is lost or the command exits, whichever comes first
     child: list[subprocess.Popen[bytes]] = []
 
     def on_lost(lease: Lease) -> None:
         lost.set()
+        wake.set()
         if child and child[0].poll() is None:
             child[0].send_signal(signal.SIGTERM)
 
@@ -80,13 +82,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         forwarded = {
             sig: signal.signal(sig, lambda s, _f: proc.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)
         }
+        # The command's exit is waited for on a thread so that a loss during the wait wakes this one: the
+        # SIGKILL escalation must start TERM_GRACE after the loss, not only if the loss came before the wait.
+        threading.Thread(target=lambda: (proc.wait(), wake.set()), name="lockkit-run-wait", daemon=True).start()
         try:
-            while True:
+            wake.wait()
+            if lost.is_set():
                 try:
-                    code = proc.wait(timeout=TERM_GRACE if lost.is_set() else None)
-                    break
+                    proc.wait(timeout=TERM_GRACE)
                 except subprocess.TimeoutExpired:
-                    proc.kill()  # it ignored SIGTERM after the lock was lost
+                    proc.kill()  # it ignored SIGTERM after the lock was lost: another holder may run now
+            code = proc.wait()
         finally:
             for sig, handler in forwarded.items():
                 signal.signal(sig, handler)

@@ -147,3 +147,35 @@ def test_demo_shows_lost_updates_without_a_lock_only(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith(("no ", "lockkit"))}
     assert rows["lockkit"][2] == "0" and rows["lockkit"][4] == "0"  # final stock 0, no lost update
+
+
+def test_run_sigkills_a_child_that_ignores_sigterm_after_a_loss(url: str, tmp_path: Path) -> None:
+    """docs/cli.md: SIGTERM on loss, SIGKILL 10 s later — also when the loss comes while lockkit waits."""
+    started = tmp_path / "started"
+    body = (
+        "import pathlib, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [*LOCKKIT, "run", "trap", "--url", url, "--ttl", "0.6", "--", *_child(tmp_path, body)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(started)
+        time.sleep(0.5)  # lockkit is inside its wait for the child now: the loss must wake it there
+        forced = subprocess.run(
+            [*LOCKKIT, "release", "--force", "trap", "--url", url], capture_output=True, text=True, timeout=60
+        )
+        assert forced.returncode == 0
+        lost_at = time.monotonic()
+        assert proc.wait(40) == 70  # before the fix: the child's full 60 s, or this timeout
+        waited = time.monotonic() - lost_at
+        assert 9.0 <= waited <= 25.0, f"SIGKILL came {waited:.1f} s after the loss (10 s grace promised)"
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
