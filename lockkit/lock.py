@@ -19,7 +19,7 @@ from typing import Any
 
 from .backend import Backend
 from .driver import Driver, Grant
-from .errors import LockError, LockLost, LockNotOwned, LockTimeout
+from .errors import ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
 from .lease import Lease, LostCallback, RenewalTicket, token_hint
 from .names import validate_name
 from .renewal import scheduler
@@ -81,9 +81,9 @@ class LockCore:
         self.timeout = validate_timeout(timeout, "timeout")
         self.max_hold = None if max_hold is None else validate_ttl(max_hold, "max_hold")
         if not isinstance(auto_renew, bool):
-            raise TypeError(f"auto_renew must be True or False, got {auto_renew!r}")
+            raise ConfigError(f"auto_renew must be True or False, got {auto_renew!r}")
         if on_lost is not None and not callable(on_lost):
-            raise TypeError("on_lost must be a callable taking the lost Lease")
+            raise ConfigError(f"on_lost must be a callable taking the lost Lease, got {type(on_lost).__name__}")
         self.backend = backend
         self.auto_renew = auto_renew
         self.on_lost = on_lost

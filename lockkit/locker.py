@@ -204,7 +204,13 @@ class Locker(_LockerBase[Driver]):
         return out
 
     def close(self) -> None:
-        """Release nothing, close every backend's connections. Held leases stop renewing and are lost."""
+        """Close every backend's connections; held leases stop renewing and are reported lost.
+
+        No release is sent lock by lock. What the server does with the locks then depends on the backend:
+        etcd and ZooKeeper end the client's session lease or session, which frees its locks at once; on
+        Redis, Redlock and file:// they stay until their TTL passes. Release what you hold first when the
+        next holder should not wait.
+        """
         if self._closed:
             return
         self._closed = True

@@ -5,10 +5,17 @@ byte for byte: they are *not* Unicode-normalised, so NFC and NFD spellings of
 the same text are two different locks (normalising would silently merge locks
 that other languages' clients keep apart).
 
-Drivers whose keys are binary-safe (Redis, etcd) use the UTF-8 bytes as they
-are. Drivers with a restricted alphabet (ZooKeeper paths, file names) use
-:func:`encode_name`, a percent-encoding that is injective, so two distinct names
-never share a key, and that other languages can reproduce in a few lines.
+Each driver documents its own mapping, and every one is injective (two distinct
+names never share a key):
+
+* Redis and Redlock escape exactly ``%``, ``{`` and ``}`` in the UTF-8 text (the
+  braces delimit the Redis Cluster hash tag; see ``drivers/_redis_keys.py``).
+* etcd and ZooKeeper use :func:`encode_name` below, a percent-encoding of every
+  byte outside a small safe set, so a name never contains ``/`` (a path
+  separator in both) and never is ``.`` or ``..``; other languages can
+  reproduce it in a few lines.
+* file:// names each lock file by the SHA-256 of the UTF-8 name (any name then
+  fits a file name); memory:// keys its table by the name itself.
 """
 
 from __future__ import annotations
