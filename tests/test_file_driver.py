@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -54,7 +55,8 @@ def test_a_torn_write_keeps_the_previous_record(driver: FileDriver) -> None:
 def test_after_a_reboot_locks_are_free_but_fencing_carries_on(driver: FileDriver) -> None:
     first = driver.acquire("x", "a" * 32, 60, 0)
     assert first is not None
-    driver._boot = "another-boot"  # what a reboot looks like to the records on disk
+    # what a reboot looks like to the records on disk: this host's identity, another boot
+    driver._id = dataclasses.replace(driver._id, boot="another-boot")
     second = driver.acquire("x", "b" * 32, 60, 0)
     assert second is not None and second.fencing_token == first.fencing_token + 1
 

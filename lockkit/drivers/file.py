@@ -3,12 +3,22 @@
 Layout: one file per lock name in ``dir``, named by the SHA-256 of the name (so
 any name fits a file name and two names never share one), ``flock()``ed for
 every read-modify-write and holding the record
-``{"name", "boot", "token", "expires", "fence", "waiters"}`` in two
-checksummed slots written alternately (:mod:`._file_record`), so a crash never
+``{"name", "token", "expires", "ttl", "host", "hostname", "boot", "fence", "waiters", "seen"}``
+in two checksummed slots written alternately (:mod:`._file_record`), so a crash never
 leaves it half-written; ``fsync=true`` also makes the fencing counter survive
-a power loss. Expiry is stored on ``CLOCK_MONOTONIC``,
-which Linux keeps system-wide, together with the boot id: after a reboot every
-lock is free (its holder is gone) while the fencing counter carries on.
+a power loss. Expiry is stored on ``CLOCK_MONOTONIC``, which Linux keeps
+system-wide, together with the identity of the holder's host and boot
+(:mod:`._file_host`): after a reboot every lock is free (its holder is gone)
+while the fencing counter carries on.
+
+One host only. A directory on a network filesystem is refused (:mod:`._file_fs`)
+unless ``single_host=true``. Should another machine's record turn up anyway, its
+monotonic expiry means nothing here, and no other clock is trusted either: the
+record counts as held until this host has seen it unchanged for its ``ttl`` plus
+:func:`foreign_margin`, timed on this host's monotonic clock. The first sighting
+is kept in the record's ``seen`` (per host and boot), so every process of this
+host counts from the same instant. Records written before host identities were
+stored are read as this host's, as before.
 
 Waking waiters: each waiter binds a Unix datagram socket in the abstract
 namespace and appends its address to the record's ``waiters``; a release
@@ -29,7 +39,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,30 +47,55 @@ from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Renew
 from ..errors import BackendUnavailable, ConfigError
 from ..lease import token_hint
 from ..urls import BackendURL, parse_options
-from . import _file_record
+from . import _file_fs, _file_host, _file_record
 from ._slot import Slot
 
 MAX_WAITERS = 1024
 """Beyond this many registered waiters a newcomer only re-checks at the holder's expiry (bounds the record)."""
 
+FOREIGN_POLL = 1.0
+"""How often a waiter re-checks a lock another host holds: that host's release cannot wake us."""
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
+
+def foreign_margin(ttl: float) -> float:
+    """What another host's record is respected for beyond its ``ttl``, counted from our first sighting.
+
+    The sighting comes after the write, so the holder's lease ended at most ``ttl`` later; the margin covers
+    two clocks ticking at slightly different rates and a network filesystem showing the write late.
+    """
+    return max(2.0, ttl)
 
 
 @dataclass(frozen=True)
 class FileOptions:
     fsync: bool = False
     """fsync every change (slower; keeps fencing counters across power loss)."""
+    single_host: bool = False
+    """Accept a directory on a network filesystem: the user vouches that only this host ever uses it."""
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """The holder's fields exactly as read, rewritten verbatim while nobody changes the holder."""
+
+    expires: float
+    ttl: float
+    host: str
+    hostname: str
+    boot: str
 
 
 @dataclass
 class _Record:
     slot: Slot
     waiters: list[str]
+    ttl: float = 0.0
+    """The validity the holder's last take or renew gave it: what another host waits out."""
+    read: _Holder | None = None
+    effective: tuple[str | None, float] = (None, 0.0)
+    """``(token, expires)`` as decoded (on this host's clock); a difference at write time means a new holder."""
+    seen: dict[str, list[Any]] = field(default_factory=dict)
+    """``{host: [boot, monotonic, fingerprint]}``: when each other host first saw this holder."""
 
 
 class FileDriver:
@@ -77,7 +112,9 @@ class FileDriver:
         self.directory = directory
         self._options = options
         self._clock = ctx.clock
-        self._boot = _boot_id()
+        self._id = _file_host.current()
+        # (group, member) -> (its record's mark, when this process first saw it): other hosts' presence records
+        self._sightings: dict[tuple[str, str], tuple[str, float]] = {}
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> FileDriver:
@@ -101,6 +138,15 @@ class FileDriver:
                 f"lock directory {directory} is not writable ({exc.strerror}); fix its permissions "
                 "or point file:// elsewhere"
             ) from None
+        shared = None if options.single_host else _file_fs.shared_filesystem(directory)
+        if shared is not None:
+            raise ConfigError(
+                f"lock directory {directory} is on a network filesystem ({shared}): file:// locks only the "
+                "processes of one host, and a directory that several machines mount gives each of them the "
+                "lock. For locks across machines use a server backend (redis://, etcd://, zookeeper://); "
+                "otherwise put the directory on a local disk, or add ?single_host=true to the URL if only "
+                "this host ever uses it"
+            )
         return cls(directory, options, ctx)
 
     # -- the record ------------------------------------------------------------------------
@@ -118,16 +164,17 @@ class FileDriver:
             raise BackendUnavailable(f"cannot open lock file {path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            now = time.monotonic()
             try:
                 seq, raw = _file_record.read(fd)
-                record = self._decode(name, raw)
+                record = self._decode(name, raw, now)
             except (_file_record.CorruptRecord, ValueError, KeyError, TypeError) as exc:
                 raise BackendUnavailable(
                     f"lock file {path} is corrupt ({exc}); delete it to reset this lock (its fencing counter restarts)"
                 ) from None
             except OSError as exc:
                 raise BackendUnavailable(f"cannot read lock file {path}: {exc.strerror}") from None
-            yield record, time.monotonic()
+            yield record, now
             updated = self._encode(name, record)
             if updated != raw:
                 try:
@@ -137,25 +184,55 @@ class FileDriver:
         finally:
             os.close(fd)  # closing drops the flock
 
-    def _decode(self, name: str, raw: dict[str, Any] | None) -> _Record:
+    def _decode(self, name: str, raw: dict[str, Any] | None, now: float) -> _Record:
         if raw is None:
             return _Record(Slot(), [])
         if raw["name"] != name:
             raise ValueError("the record belongs to another name")
         slot = Slot(raw["token"], float(raw["expires"]), int(raw["fence"]))
         waiters = [str(w) for w in raw["waiters"]]
-        if raw.get("boot") != self._boot:
-            slot.token, slot.expires, waiters = None, 0.0, []  # rebooted: every holder and waiter is gone
-        return _Record(slot, waiters)
+        # A record without a host was written before hosts were recorded, under the one-host rule: ours.
+        host, boot = str(raw.get("host", self._id.host)), str(raw.get("boot"))
+        if boot != self._id.boot and host == self._id.host:
+            slot.token, slot.expires = None, 0.0  # this host rebooted: every holder and waiter is gone
+            return _Record(slot, [])
+        if slot.token is None:
+            return _Record(slot, waiters)
+        foreign = boot != self._id.boot
+        ttl = raw.get("ttl")
+        if ttl is None:
+            if foreign:
+                raise ValueError("another host's record has no ttl")
+            ttl = max(0.0, slot.expires - now)  # an older record of ours: what it has left is all it needs
+        read = _Holder(slot.expires, float(ttl), host, str(raw.get("hostname", "")), boot)
+        seen = {str(h): list(s) for h, s in (raw.get("seen") or {}).items()}
+        if foreign:
+            # Its expiry is on another machine's monotonic clock: count on ours, from our first sighting.
+            mark = f"{boot}|{slot.expires!r}|{token_hint(slot.token)}"
+            seen = {h: s for h, s in seen.items() if len(s) == 3 and s[2] == mark}  # sightings of older holders
+            sighting = seen.get(self._id.host)
+            if sighting is None or sighting[0] != self._id.boot:
+                sighting = seen[self._id.host] = [self._id.boot, now, mark]
+            slot.expires = float(sighting[1]) + read.ttl + foreign_margin(read.ttl)
+        return _Record(slot, waiters, read.ttl, read, (slot.token, slot.expires), seen)
 
     def _encode(self, name: str, record: _Record) -> dict[str, Any]:
+        slot, read = record.slot, record.read
+        if read is not None and (slot.token, slot.expires) == record.effective:
+            # The same holder: its fields stay as it wrote them (another host's expiry is on its own clock).
+            holder = {"expires": read.expires, "ttl": read.ttl, "host": read.host, "hostname": read.hostname}
+            boot, seen = read.boot, record.seen
+        else:
+            holder = {"expires": slot.expires, "ttl": record.ttl, "host": self._id.host, "hostname": self._id.hostname}
+            boot, seen = self._id.boot, {}
         return {
             "name": name,
-            "boot": self._boot,
-            "token": record.slot.token,
-            "expires": record.slot.expires,
-            "fence": record.slot.fence,
+            "boot": boot,
+            "token": slot.token,
+            **holder,
+            "fence": slot.fence,
             "waiters": record.waiters,
+            "seen": seen,
         }
 
     # -- waking ------------------------------------------------------------------------------
@@ -188,10 +265,15 @@ class FileDriver:
                 with self._locked(name) as (record, now):
                     fence = record.slot.take(token, ttl, now)
                     if fence is not None:
+                        record.ttl = ttl
                         if address in record.waiters:
                             record.waiters.remove(address)
                         return Grant(fence, ttl, sent_at)
                     hint = record.slot.wait_hint(now)
+                    if hint is not None and record.read is not None and record.read.host != self._id.host:
+                        # Another machine (or a container with its own network namespace): its release
+                        # cannot reach our abstract socket, so look again now and then.
+                        hint = min(hint, FOREIGN_POLL)
                     if sock is not None and address not in record.waiters and len(record.waiters) < MAX_WAITERS:
                         record.waiters.append(address)
                 if cancel is not None and cancel.cancelled:
@@ -238,6 +320,7 @@ class FileDriver:
         with self._locked(name) as (record, now):
             if not record.slot.renew(token, ttl, now):
                 return None
+            record.ttl = ttl
             return Grant(record.slot.fence, ttl, sent_at)
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
@@ -269,7 +352,7 @@ class FileDriver:
 
     @contextlib.contextmanager
     def _presence(self, group: str) -> Iterator[dict[str, Any]]:
-        """The group's live records (``{member: {value, expires, boot}}``), written back on exit."""
+        """The group's live records (``{member: {value, expires, ttl, boot, host}}``), written back on exit."""
         path = self.directory / f"presence-{hashlib.sha256(group.encode('utf-8')).hexdigest()}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -279,20 +362,37 @@ class FileDriver:
             except (_file_record.CorruptRecord, OSError) as exc:
                 raise BackendUnavailable(f"presence file {path} is unreadable ({exc}); delete it") from None
             now = time.monotonic()
-            live = {
-                m: r
-                for m, r in (raw or {}).items()
-                if r.get("expires") is None or (r.get("boot") == self._boot and r["expires"] > now)
-            }
+            live = {m: r for m, r in (raw or {}).items() if self._present(group, m, r, now)}
+            self._sightings = {k: t for k, t in self._sightings.items() if k[0] != group or k[1] in live}
             yield live
             _file_record.write(fd, seq, live, self._options.fsync)
         finally:
             os.close(fd)
 
+    def _present(self, group: str, member: str, record: dict[str, Any], now: float) -> bool:
+        """Whether a presence record is alive; another machine's counts from our first sighting, as locks do."""
+        expires, boot = record.get("expires"), record.get("boot")
+        if expires is None or boot == self._id.boot:
+            return expires is None or float(expires) > now
+        if record.get("host", self._id.host) == self._id.host:
+            return False  # this host rebooted: the member is gone
+        ttl = float(record.get("ttl") or 0.0)
+        mark = f"{boot}|{expires!r}"
+        seen = self._sightings.get((group, member))
+        if seen is None or seen[0] != mark:
+            seen = self._sightings[(group, member)] = (mark, now)  # a new beat: count from here
+        return now < seen[1] + ttl + foreign_margin(ttl)
+
     def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
         with self._presence(group) as live:
             expires = None if ttl is None else time.monotonic() + ttl
-            live[member] = {"value": value, "expires": expires, "boot": self._boot}
+            live[member] = {
+                "value": value,
+                "expires": expires,
+                "ttl": ttl,
+                "boot": self._id.boot,
+                "host": self._id.host,
+            }
 
     def withdraw(self, group: str, member: str) -> None:
         with self._presence(group) as live:
