@@ -84,7 +84,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         }
         # The command's exit is waited for on a thread so that a loss during the wait wakes this one: the
         # SIGKILL escalation must start TERM_GRACE after the loss, not only if the loss came before the wait.
-        threading.Thread(target=lambda: (proc.wait(), wake.set()), name="lockkit-run-wait", daemon=True).start()
+        def wait_for_exit() -> None:
+            proc.wait()
+            wake.set()
+
+        threading.Thread(target=wait_for_exit, name="lockkit-run-wait", daemon=True).start()
         try:
             wake.wait()
             if lost.is_set():
