@@ -70,6 +70,19 @@ class Session:
         return lease_deadline(self.refreshed_at, self.ttl)
 
 
+@dataclass(frozen=True)
+class _Orphan:
+    """A key of ours whose fate is unknown (a request on it failed or was interrupted): to delete, guarded."""
+
+    session: Session
+    key: bytes
+    revision: int
+    """Its create_revision if known (the delete is guarded on it), else 0: guarded on ``value``."""
+    value: bytes
+    since: float
+    """``clock()`` when it was orphaned: one that cannot be deleted for a whole TTL costs the lease."""
+
+
 @dataclass(eq=False)
 class Held:
     name: str
@@ -88,7 +101,7 @@ class Sessions:
         self._mutex = threading.Lock()
         self._grant_mutex = threading.Lock()
         self._by_ttl: dict[int, Session] = {}
-        self._orphans: list[tuple[Session, bytes, int, bytes]] = []
+        self._orphans: list[_Orphan] = []
 
     def get(self, ttl: float) -> Session:
         """A live session for locks of ``ttl``: granted if needed, kept alive if older than a sixth of its TTL."""
@@ -127,12 +140,19 @@ class Sessions:
             return True
 
     def keep_waiting_alive(self, session: Session) -> float | None:
-        """Keep the lease alive for waiters only (at half its TTL); the next refresh time, None if it is gone."""
+        """Keep the lease alive for waiters only (at half its TTL); the next refresh time, None if it is gone.
+
+        Orphaned keys are swept here too: when a client only waits, these keepalives are all that keeps its
+        session lease alive, and with it every orphan on the lease (an abandoned release's key among them, which
+        would otherwise stay held for as long as anyone of the client waits).
+        """
         try:
             if not self.refresh(session, session.ttl / 2):
                 return None
         except BackendUnavailable:
             return self._clock() + min(1.0, session.ttl / 10)  # retried; the re-check will tell if it expired
+        if self._orphans:
+            self.sweep()
         return session.refreshed_at + session.ttl / 2
 
     def alive(self, session: Session, held: Sequence[Held]) -> list[bool]:
@@ -208,27 +228,56 @@ class Sessions:
             session.keys.discard(key)
 
     def orphan(self, session: Session, key: bytes, revision: int = 0, value: bytes = b"") -> None:
-        """Remember a key to delete later: guarded on ``revision`` if known, else on its ``value``."""
+        """Remember a key to delete later: guarded on ``revision`` if known, else on its ``value``.
+
+        Swept by the next acquire, renewal round, waiter keepalive or release of this client: whatever keeps the
+        session lease alive also sweeps it, so an orphan never outlives the lease's keepalives for long.
+        """
         with self._mutex:
-            self._orphans.append((session, key, revision, value))
+            self._orphans.append(_Orphan(session, key, revision, value, self._clock()))
 
     def sweep(self) -> None:
-        """Try once to delete every orphaned key (each delete guarded, so a new owner is never touched)."""
+        """Try once to delete every orphaned key (each delete guarded, so a new owner is never touched).
+
+        Those it cannot delete now (etcd unreachable or refusing) are kept for the next sweep.
+
+        An orphan that etcd keeps refusing to delete for a whole TTL while its lease's keepalives succeed would
+        be kept held by them for good (every other lock of the session renews the same lease): then the lease is
+        given up (its locks are reported lost, it is revoked, or at least no longer kept alive, so it expires).
+        """
         with self._mutex:
             orphans, self._orphans = self._orphans, []
-        for index, (session, key, revision, value) in enumerate(orphans):
-            if revision:
-                compare = cmp_created(key, revision)
-            else:
-                compare = rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE, key=key, value=value)
-            try:
-                reply = self._client.txn(rpc.TxnRequest(compare=[compare], success=[delete_op(key)]), "cleanup delete")
-            except BackendUnavailable:
-                with self._mutex:
-                    self._orphans.extend(orphans[index:])
-                return
-            if reply.succeeded or revision:  # deleted now, or (guarded on our revision) gone already
-                self.free(session, key)
+        index = 0
+        try:
+            for index, orphan in enumerate(orphans):  # noqa: B007  (index: where to resume after a failure)
+                if orphan.revision:
+                    compare = cmp_created(orphan.key, orphan.revision)
+                else:
+                    compare = rpc.Compare(
+                        result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE, key=orphan.key, value=orphan.value
+                    )
+                request = rpc.TxnRequest(compare=[compare], success=[delete_op(orphan.key)])
+                reply = self._client.txn(request, "cleanup delete")
+                if reply.succeeded or orphan.revision:  # deleted now, or (guarded on our revision) gone already
+                    self.free(orphan.session, orphan.key)
+        except BackendUnavailable:  # refused or unreachable: keep what is left for the next sweep
+            with self._mutex:
+                self._orphans.extend(orphans[index:])
+            self._give_up_stuck(orphans[index:])
+        except BaseException:  # an interrupt, say: keep what is left too
+            with self._mutex:
+                self._orphans.extend(orphans[index:])
+            raise
+
+    def _give_up_stuck(self, orphans: Sequence[_Orphan]) -> None:
+        now = self._clock()
+        stuck = {
+            id(o.session): o.session
+            for o in orphans
+            if not o.session.dead and now - o.since >= o.session.ttl and o.session.refreshed_at > o.since
+        }
+        for session in stuck.values():
+            self.lose(session, "a lock key on it could not be deleted for a whole TTL; lease given up", revoke=True)
 
     @property
     def has_orphans(self) -> bool:

@@ -28,6 +28,12 @@ name until compaction).
 * A waiter that times out or is cancelled deletes its key (guarded on its
   ``create_revision``); a key whose create reply was lost is deleted later by
   token (guarded on its value) or dies with the session.
+* A key whose fate is unknown (a create, wait or release that failed, timed
+  out or was interrupted) is an *orphan*: deleted, guarded, by the next sweep,
+  which runs with whatever keeps the session lease alive (acquires, renewal
+  rounds, waiters' keepalives, releases). One that stays undeletable for a whole
+  TTL while keepalives succeed costs the lease (see :mod:`._etcd_session`), so
+  it cannot be kept held for good by the client's other locks.
 * **release / renew** are guarded on our key's ``create_revision``: a stale
   release never deletes a newer key of the same name (etcd #22082). ``renew``
   is a keepalive of the session lease plus a check that our key still exists;
@@ -56,7 +62,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, LockError
 from ..lease import token_hint
 from ..urls import BackendURL
 from ._etcd_client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
@@ -98,6 +104,7 @@ class EtcdDriver:
         self._client = client
         self._prefix = options.prefix
         self._clock = ctx.clock
+        self._events = ctx.events
         self._sessions = Sessions(client, ctx.clock, ctx.events)
         self._watcher = Watcher(client)
         self._mutex = threading.Lock()
@@ -125,8 +132,8 @@ class EtcdDriver:
             one_shot = deadline is not None and self._clock() >= deadline
             try:
                 placed = self._place(session, key, token, start, end, one_shot)
-            except BackendUnavailable:
-                self._sessions.orphan(session, key, value=token.encode())  # the create may have been applied
+            except BaseException:  # failed or interrupted (Ctrl-C): the create may have been applied
+                self._sessions.orphan(session, key, value=token.encode())
                 raise
             if placed is None or isinstance(placed, _Requeue):  # nothing was created
                 self._sessions.free(session, key)
@@ -137,7 +144,8 @@ class EtcdDriver:
                 return self._granted(name, token, key, placed.revision, session, placed.sent_at)
             try:
                 result = self._wait(name, token, key, session, placed, start, end, deadline, cancel)
-            except BackendUnavailable:  # still queued: deleted by a later sweep, or with the session lease
+            except BaseException:  # still queued, or granted to nobody who will use it: deleted by a later sweep
+                self._forget(token)  # (an interrupt can come after _granted recorded the lock)
                 self._sessions.orphan(session, key, placed.revision)
                 raise
             if not isinstance(result, _Requeue):
@@ -336,19 +344,33 @@ class EtcdDriver:
         )
         return bool(reply.succeeded)
 
-    def release(self, name: str, token: str) -> bool:
+    def _forget(self, token: str) -> Held | None:
         with self._mutex:
             held = self._held.pop(token, None)
             if held is not None:
                 held.session.tokens.discard(token)
+        return held
+
+    def release(self, name: str, token: str) -> bool:
+        held = self._forget(token)
         if held is None or held.name != name:
             return self._release_by_value(name, token)
         try:
             deleted = self._delete_if(held.key, held.revision)
-        except BackendUnavailable:
-            self._sessions.orphan(held.session, held.key, held.revision)  # deleted later, or dies with the lease
+        except BaseException as exc:
+            # Failed, timed out or interrupted (Ctrl-C, an exception raised into the thread): the delete may not
+            # have run. Nothing tracks the key now, and the session lease it hangs on is kept alive by every other
+            # lock and waiter of this client, so left alone it would stay held for good. The next sweep deletes
+            # it (guarded on our create_revision: a newer holder's key is never touched).
+            self._sessions.orphan(held.session, held.key, held.revision)
+            if not isinstance(exc, LockError):
+                # The front end handles a failed release (a LockError); after an interrupt its lease may
+                # still say valid while the sweep frees the lock: report it lost so that nothing trusts it.
+                self._events.lost(token, "its release was interrupted; the lock is freed by a later cleanup")
             raise
         self._sessions.free(held.session, held.key)
+        if self._sessions.has_orphans:  # etcd answers again: a good moment to delete what earlier failures left
+            self._sessions.sweep()
         return deleted
 
     def _release_by_value(self, name: str, token: str) -> bool:
