@@ -13,7 +13,9 @@ few things and nothing else; what to send and how to read the replies lives in
 * a ``NOSCRIPT`` reply reloads the script and runs the failed calls again on the
   same connection (``NOSCRIPT`` means they did not run);
 * a connection error is retried once on a fresh connection only for idempotent
-  calls (renew, release, holder); never for acquire.
+  calls (renew, release, holder); never for acquire. :meth:`SyncNode.run_again_on_error`
+  also says whether the error came after the calls were sent (they may have run, and
+  only the reply was lost): a retried release needs to know.
 """
 
 from __future__ import annotations
@@ -165,12 +167,23 @@ class SyncNode:
             self.pool.release(conn)
 
     def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        try:
-            return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout)
-        except RedisConnectionError:
-            if not idempotent:
-                raise
+        if idempotent:
+            return self.run_again_on_error(calls)[0]
         return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout)
+
+    def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
+        """Run idempotent calls, once more on a fresh connection after a connection error; and whether they
+        may have run twice: the error came after they were sent, so the server may have run them and only the
+        reply was lost (a release retried then finds its own work done and must not read that as "not ours")."""
+        try:
+            pending = self.send(calls)
+        except RedisConnectionError:  # nothing reached the server: a plain retry
+            return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout), False
+        try:
+            return self.receive(pending, time.monotonic() + self.spec.options.timeout), False
+        except RedisConnectionError:
+            pass
+        return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout), True
 
     def close(self) -> None:
         self.pool.disconnect()
@@ -253,12 +266,21 @@ class AsyncNode:
             await self.pool.release(conn)
 
     async def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        try:
-            return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout)
-        except RedisConnectionError:
-            if not idempotent:
-                raise
+        if idempotent:
+            return (await self.run_again_on_error(calls))[0]
         return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout)
+
+    async def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
+        """As :meth:`SyncNode.run_again_on_error`."""
+        try:
+            pending = await self.send(calls)
+        except RedisConnectionError:
+            return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout), False
+        try:
+            return await self.receive(pending, time.monotonic() + self.spec.options.timeout), False
+        except RedisConnectionError:
+            pass
+        return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout), True
 
     async def close(self) -> None:
         await self.pool.disconnect()

@@ -13,7 +13,9 @@ from typing import Any
 
 from ..timing import drift
 
-__all__ = ["NodeResult", "Tally", "count_ok", "quorum", "tally_acquire", "tally_renew", "validity"]
+__all__ = [
+    "NodeResult", "Tally", "count_ok", "count_repeated_misses", "quorum", "tally_acquire", "tally_renew", "validity",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,8 @@ class NodeResult:
     replies: Sequence[Any] | BaseException
     epoch: int
     """The master's restart count as of this answer (see NodeState.epoch)."""
+    repeated: bool = False
+    """These replies come from a retry after the connection broke under the sent calls: they may have run twice."""
 
 
 def quorum(n: int) -> int:
@@ -107,3 +111,12 @@ def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
         reached += 1
         ok += reply == 1
     return ok, reached
+
+
+def count_repeated_misses(results: Sequence[NodeResult], index: int = 0) -> int:
+    """Masters whose reply was false but came from a retry of calls that may have run already (see NodeResult)."""
+    return sum(
+        1
+        for result in results
+        if result.repeated and not isinstance(reply := _reply(result, index), BaseException) and reply != 1
+    )

@@ -29,7 +29,9 @@ waiter (its token and TTL are part of its queue entry) and tell only it
 ``renew_many`` is one pipeline per round. Waiters sleep on one
 shared pub/sub connection (:mod:`._redis_hub`) and re-check once at the holder's
 expiry. A connection error is retried once on a fresh connection for renew and
-release, never for acquire.
+release, never for acquire; a release retried after the connection broke under it
+(it may have run, its reply lost) that finds the lock no longer ours raises
+``BackendUnavailable`` (outcome unknown), not ``LockNotOwned``.
 
 **Fair waiting.** Waiters are served in arrival order: while the lock is free
 and an older live waiter is queued, a newcomer (including the process that just
@@ -150,6 +152,25 @@ class _Shared:
     def release_call(self, name: str, token: str | None) -> Call:
         return release_call(self.keys(name), token)
 
+    def released(self, name: str, reply: Any, repeated: bool) -> bool:
+        """A release's reply; ``repeated``: it comes from a retry after the connection broke under a sent release.
+
+        Then "not ours" is no evidence that the lock expired or was taken: the first attempt may have run (only
+        its reply lost) and deleted the key or granted it to the next waiter. Reporting that as LockNotOwned
+        would mark a lease lost whose release happened; the outcome is unknown, so say so. The retry itself is
+        guarded by our token like every release, so it never touches another holder's lock.
+        """
+        if checked(reply, self.spec.label, "release"):
+            return True
+        if repeated:
+            raise BackendUnavailable(
+                f"redis {self.spec.label}: the connection broke after the release of {name!r} was sent, and the "
+                "retry found the lock no longer ours: most likely the first attempt released it (and perhaps "
+                "granted it to the next waiter), else it had expired or been taken. This client does not hold "
+                "it either way; do not retry the release"
+            )
+        return False
+
     def undo_calls(self, name: str, token: str, wid: str) -> list[Call]:
         """After a cancelled acquire: leave the queue, passing on the lock if a script or a release granted it."""
         return [leave_call(self.keys(name), token, wid)]
@@ -240,9 +261,11 @@ class RedisDriver:
         return self._shared.renew_results(requests, replies, sent_at)
 
     def release(self, name: str, token: str) -> bool:
-        return bool(
-            checked(self._run([self._shared.release_call(name, token)], True)[0], self._node.spec.label, "release")
-        )
+        try:
+            replies, repeated = self._node.run_again_on_error([self._shared.release_call(name, token)])
+        except RedisError as exc:
+            raise unavailable(self._node.spec.label, exc) from exc
+        return self._shared.released(name, replies[0], repeated)
 
     def force_release(self, name: str) -> bool:
         return bool(
@@ -336,8 +359,11 @@ class AsyncRedisDriver:
         return self._shared.renew_results(requests, replies, sent_at)
 
     async def release(self, name: str, token: str) -> bool:
-        reply = (await self._run([self._shared.release_call(name, token)], True))[0]
-        return bool(checked(reply, self._node.spec.label, "release"))
+        try:
+            replies, repeated = await self._node.run_again_on_error([self._shared.release_call(name, token)])
+        except RedisError as exc:
+            raise unavailable(self._node.spec.label, exc) from exc
+        return self._shared.released(name, replies[0], repeated)
 
     async def force_release(self, name: str) -> bool:
         reply = (await self._run([self._shared.release_call(name, None)], True))[0]

@@ -54,7 +54,7 @@ from ._redis_hub import Hub, LoopThread
 from ._redis_keys import lock_keys
 from ._redis_node import AsyncNode, Call, SyncNode, pack_calls
 from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
-from ._redis_quorum import NodeResult, count_ok, quorum, tally_renew
+from ._redis_quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
 from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ._redis_watch import AsyncWatcher, SyncWatcher
 
@@ -123,13 +123,25 @@ class _Shared:
         _, reached = count_ok(results, index)
         return BackendUnavailable(f"redlock {what}: reached {reached} of {len(results)} masters, needs {self.need}")
 
-    def released(self, token: str | None, results: list[NodeResult]) -> bool:
+    def released(self, token: str | None, results: list[NodeResult], name: str = "") -> bool:
         ok, reached = count_ok(results)
         if token is not None:
             self.epochs.pop(token, None)
-            if reached < self.need and ok < self.need:
+            if ok >= self.need:
+                return True
+            # A master whose release was retried after the connection broke under it may have run the first
+            # attempt (only its reply lost): its "not ours" then means "already released by us". If those could
+            # make up the quorum, the outcome is unknown: not LockNotOwned, which would mark the lease lost.
+            if ok + count_repeated_misses(results) >= self.need:
+                raise BackendUnavailable(
+                    f"redlock: the connection to some masters broke after the release of {name!r} was sent, and "
+                    "their retries found the lock no longer ours: most likely the first attempt released it there, "
+                    "else it had expired or been taken. This client does not hold it either way; do not retry the "
+                    "release"
+                )
+            if reached < self.need:
                 raise self.unreachable(results, 0, "release")
-            return ok >= self.need
+            return False
         return ok > 0
 
     def written(self, results: list[NodeResult], what: str) -> None:
@@ -197,6 +209,7 @@ class RedlockDriver:
         deadline = time.monotonic() + self._shared.options.timeout
         results: list[NodeResult] = []
         for node, sent in zip(self._nodes, pending, strict=True):
+            repeated = False
             try:
                 if isinstance(sent, BaseException):
                     raise sent
@@ -206,9 +219,10 @@ class RedlockDriver:
                 if idempotent:  # a stale pooled connection: once more on a fresh one
                     with contextlib.suppress(RedisError, OSError):
                         replies = node.run(calls, False)
+                        repeated = not isinstance(sent, BaseException)  # sent: it may have run, its reply lost
             except (RedisError, OSError) as exc:
                 replies = exc
-            results.append(NodeResult(replies, node.state.epoch))
+            results.append(NodeResult(replies, node.state.epoch, repeated))
         return results
 
     def acquire(
@@ -244,7 +258,7 @@ class RedlockDriver:
         return self._shared.renew_results(requests, results, sent_at)
 
     def release(self, name: str, token: str) -> bool:
-        return self._shared.released(token, self._fan_out([self._shared.release_call(name, token)], True))
+        return self._shared.released(token, self._fan_out([self._shared.release_call(name, token)], True), name)
 
     def force_release(self, name: str) -> bool:
         return self._shared.released(None, self._fan_out([self._shared.release_call(name, None)], True))
@@ -302,6 +316,7 @@ class AsyncRedlockDriver:
         deadline = time.monotonic() + self._shared.options.timeout
         results: list[NodeResult] = []
         for node, sent in zip(self._nodes, pending, strict=True):
+            repeated = False
             try:
                 if isinstance(sent, BaseException):
                     raise sent
@@ -311,9 +326,10 @@ class AsyncRedlockDriver:
                 if idempotent:
                     with contextlib.suppress(RedisError, OSError):
                         replies = await node.run(calls, False)
+                        repeated = not isinstance(sent, BaseException)
             except (RedisError, OSError) as exc:
                 replies = exc
-            results.append(NodeResult(replies, node.state.epoch))
+            results.append(NodeResult(replies, node.state.epoch, repeated))
         return results
 
     async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
@@ -367,7 +383,8 @@ class AsyncRedlockDriver:
         return self._shared.renew_results(requests, results, sent_at)
 
     async def release(self, name: str, token: str) -> bool:
-        return self._shared.released(token, await self._fan_out([self._shared.release_call(name, token)], True))
+        results = await self._fan_out([self._shared.release_call(name, token)], True)
+        return self._shared.released(token, results, name)
 
     async def force_release(self, name: str) -> bool:
         return self._shared.released(None, await self._fan_out([self._shared.release_call(name, None)], True))
