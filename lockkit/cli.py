@@ -191,7 +191,8 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
                 print(f"  {phase:<5} {len(members):>3} live" + (f": {', '.join(members)}" if members else ""))
             switched = driver.epoch_switched()
             print(f"  fencing epoch: {'1 (new backend)' if switched else '0 (old backend)'}")
-            safe, advice = next_step(fleet, switched)
+            migrate = locks.settings.backends[name].migrate or {}
+            safe, advice = next_step(fleet, switched, migrate.get("to", "NEW"))
             unsafe |= not safe
             print(f"  next: {advice}")
     return EXIT_UNAVAILABLE if unsafe else 0

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .drivers.epoch import OPTION as FENCING_EPOCH
+from .drivers.epoch import parse_epoch
 from .errors import ConfigError
-from .urls import redact
+from .urls import parse_url, redact
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,6 +150,8 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
             raise ConfigError(f"{where}: missing 'url' (e.g. url = \"redis://localhost:6379/0\")")
         url = _scalar(table["url"], f"{where} url", env)
         options = {k: _scalar(v, f"{where} {k}", env) for k, v in table.items() if k != "url"}
+        if FENCING_EPOCH in options:
+            parse_epoch(options[FENCING_EPOCH], where)  # checked here too, so the error names the file and key
         backends[name] = BackendSpec(name, url, options)
     if not backends:
         raise ConfigError(f"{source}: no backends configured; add a [backends.NAME] table with a url")
@@ -176,7 +180,23 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
                     raise ConfigError(
                         f"{source}: [backends.{name}] migrate.{role} = {ref!r} must name another, non-migrate backend"
                     )
+                if _sets_epoch(backends[ref]):
+                    raise ConfigError(
+                        f"{source}: [backends.{name}] migrate.{role} = {ref!r}, which sets {FENCING_EPOCH}: the "
+                        f"migration adds its own epoch. Put {FENCING_EPOCH} on the plain backend that replaces the "
+                        "migration at its end (a separate [backends.NAME] with the same url while another migration "
+                        "still uses this one); see docs/migration.md"
+                    )
     return Settings(backends, tuple(routes), default, source)
+
+
+def _sets_epoch(spec: BackendSpec) -> bool:
+    if FENCING_EPOCH in spec.options:
+        return True
+    try:
+        return FENCING_EPOCH in parse_url(spec.url).options
+    except ConfigError:
+        return False  # a bad URL is reported, with its backend's name, when the locker opens it
 
 
 def load_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Settings:

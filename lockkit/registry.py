@@ -4,12 +4,17 @@ Nothing here imports a backend client until a URL of that scheme is opened,
 so ``import lockkit`` stays light. A third-party driver registers a class with
 ``from_url(url, ctx) -> Driver`` (and optionally ``from_url_async``) under the
 entry-point group ``lockkit.drivers``, with the scheme as the entry's name.
+
+One option is lockkit's own, for every driver with fencing: ``fencing_epoch`` (URL query or config key) is
+taken off the URL here and wraps the driver in :mod:`lockkit.drivers.epoch`, so no driver needs to know it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
+import types
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
@@ -84,14 +89,50 @@ def load_factory(scheme: str) -> DriverFactory:
     raise ConfigError(f"unknown lock backend scheme {scheme!r}; known schemes: {known}")
 
 
+def _split_epoch(url: BackendURL) -> tuple[int, BackendURL]:
+    """The ``fencing_epoch`` option (0 if absent) and the URL without it: it is lockkit's, not the driver's."""
+    if "fencing_epoch" not in url.options:
+        return 0, url
+    from .drivers.epoch import parse_epoch
+
+    epoch = parse_epoch(url.options["fencing_epoch"], f"{url}: option")
+    rest = types.MappingProxyType({k: v for k, v in url.options.items() if k != "fencing_epoch"})
+    return epoch, dataclasses.replace(url, options=rest)
+
+
+def _factory(url: BackendURL) -> tuple[DriverFactory, int, BackendURL]:
+    epoch, url = _split_epoch(url)
+    factory = load_factory(url.scheme)
+    if epoch:
+        from .drivers.epoch import check_fencing
+
+        check_fencing(factory.guarantees, url.scheme, f"{url}:")
+    return factory, epoch, url
+
+
+def _lifted(driver: Driver, epoch: int) -> Driver:
+    if not epoch:
+        return driver
+    from .drivers.epoch import EpochDriver
+
+    return EpochDriver(driver, epoch)
+
+
 def open_driver(url: BackendURL, ctx: DriverContext) -> Driver:
-    return load_factory(url.scheme).from_url(url, ctx)
+    """The driver for ``url``; with ``fencing_epoch``, wrapped so that its tokens carry the epoch."""
+    factory, epoch, url = _factory(url)
+    return _lifted(factory.from_url(url, ctx), epoch)
 
 
 def open_async_driver(url: BackendURL, ctx: DriverContext) -> AsyncDriver:
     """The native async driver where the client has one, else the thread-offload adapter."""
-    factory = load_factory(url.scheme)
+    factory, epoch, url = _factory(url)
     native = getattr(factory, "from_url_async", None)
-    if native is not None:
-        return cast(AsyncDriver, native(url, ctx))
-    return ThreadOffloadDriver(factory.from_url(url, ctx))
+    if native is None:
+        return ThreadOffloadDriver(_lifted(factory.from_url(url, ctx), epoch))
+    driver = cast(AsyncDriver, native(url, ctx))
+    if not epoch:
+        return driver
+    from .drivers.epoch import AsyncEpochDriver
+
+    return AsyncEpochDriver(driver, epoch)

@@ -5,21 +5,38 @@ Configured, not opened by URL::
     [backends.main]
     migrate = { from = "redis", to = "etcd", phase = "both" }   # old | both | new; optional group, presence_ttl
 
-Phases, rolled out instance by instance: ``old`` → ``both`` → ``new``.
+Phases, rolled out instance by instance: ``old`` → ``both`` → ``new``, and at the end a plain backend with
+``fencing_epoch = 1`` (:mod:`.epoch`), which continues phase ``new``'s tokens without the old backend.
 
 * ``old`` locks on the old backend only; ``new`` on the new backend only.
 * ``both`` acquires the old backend's lock, then the new one's (a fixed order: no deadlock among ``both``
-  clients), renews both, and releases in reverse. If the second acquire fails or times out, the first is
-  released before the error reaches the caller. Losing either lease loses the lock.
+  clients), renews both, and releases in reverse (the old one even if the new one's release fails). If the
+  second acquire fails or times out, the first is released before the error reaches the caller. Losing either
+  lease loses the lock.
 
 Any two clients in adjacent phases contend on at least one common backend, so mutual exclusion holds during
-a rolling change. ``old`` and ``new`` share no backend, so they must never run at once: every client
+a rolling change. ``old`` and ``new`` share no backend, so they must never hold a lock at once. Every client
 announces ``(phase, host, pid)`` in both backends' presence records (refreshed every ``presence_ttl/3``,
-expiring after ``presence_ttl`` if the client dies), and checks them after announcing. A ``new`` client
-refuses to lock while any ``old`` client is alive, and an ``old`` client while any ``new`` one is alive; since
-both announce before they check, at least one of two racing clients sees the other. A client whose presence
-cannot be refreshed, or that sees a conflicting client appear, stops taking locks and reports every lease it
-holds as lost.
+expiring ``presence_ttl`` after the last refresh), and reads them after announcing. A ``new`` client refuses
+to lock while any ``old`` client is alive, and an ``old`` client while any ``new`` one is alive.
+
+Why that excludes ``old`` and ``new`` (the rule the code keeps): a client in ``old`` or ``new`` trusts a lease
+only while its own presence is *proven*: an announce sent at ``s`` completed, a read of the fleet after it
+showed no conflicting client, and it is not yet ``s + presence_ttl`` (less the clock drift margin). Every
+grant and renewal is capped to that instant, and a grant that comes back after it (a waiter paused past
+``presence_ttl``, scenario A-3) does not count: it is released, the fleet is checked again, and the acquire
+waits on or raises. Suppose an ``old`` client A and a ``new`` client N both held valid leases at ``t``, with
+proofs (announce completed at ``cA``, read ``rA``) and (``cN``, ``rN``), both reads before ``t``. Reads and
+announces are linearizable per backend; say ``rA`` came before ``rN``. A's record exists from ``cA < rA``
+until at least ``sA + presence_ttl > t > rN``, so N's read saw it, and N would have refused. The other order
+is symmetric.
+
+A client never announces just to be refused: when its proof has lapsed (first start, a pause, an outage) it
+reads the fleet first and refuses without writing if a conflicting client is alive, and when the read after
+its announce finds one it withdraws at once (A-4). Otherwise its record would make correct clients refuse
+too. A started client whose presence cannot be refreshed, or that sees a conflicting client, is *fenced
+off*: it reports every lease it holds as lost, refuses their renewals for good, and refuses grants until a
+later refresh proves it alone again.
 
 Fencing tokens stay strictly increasing across the whole roll: ``old`` returns the old backend's token as is
 (epoch 0, so it interleaves with clients that never heard of the migration); ``new`` returns
@@ -34,31 +51,42 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from ..driver import Cancel, Driver, DriverContext, Grant, Guarantees, HolderInfo, Presence, RenewRequest, one_renewal
-from ..errors import ConfigError, LockError
+from ..errors import BackendUnavailable, ConfigError, LockError, LockLost
+from ..timing import lease_deadline
+from .epoch import EPOCH_SHIFT, composite_token
+
+__all__ = [
+    "EPOCH_SHIFT",
+    "PHASES",
+    "FleetConflict",
+    "MigrateDriver",
+    "MigrateOptions",
+    "combined_guarantees",
+    "composite_token",
+    "next_step",
+]
 
 log = logging.getLogger("lockkit")
 
-EPOCH_SHIFT = 48
 PHASES = ("old", "both", "new")
 Phase = Literal["old", "both", "new"]
 CONFLICTS: dict[str, str | None] = {"old": "new", "new": "old", "both": None}
 _SCOPES = ["process", "host", "single-node", "majority", "consensus"]
+_SHOWN_MEMBERS = 5
 
 
-def composite_token(epoch: int, token: int) -> int:
-    """``(epoch << 48) | token``: the new backend's tokens rank above every old one."""
-    if not 0 <= token < 1 << EPOCH_SHIFT:
-        raise LockError(f"fencing token {token} does not fit in 48 bits; it cannot be combined with an epoch")
-    return (epoch << EPOCH_SHIFT) | token
+class FleetConflict(ConfigError):
+    """A client of the conflicting phase is alive: this one takes no locks (the message names who, and what to do)."""
 
 
 @dataclass(frozen=True)
@@ -111,14 +139,23 @@ class MigrateDriver:
         self._presences = [_presence(old, "old"), _presence(new, "new")]
         self.guarantees = combined_guarantees(old.guarantees, new.guarantees, self.phase)  # type: ignore[misc]
         self._ctx = ctx
+        self._clock = ctx.clock
+        self._conflict = CONFLICTS[self.phase]
         self.member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._group = f"lockkit-migrate:{options.group}"
         self._epoch_group = f"lockkit-migrate:{options.group}:epoch"
         self._epoch_seen = self.phase == "new"
         self._mutex = threading.Lock()
-        self._fenced_off: str | None = None
-        self._announced = False
-        self._held: dict[str, int] = {}
+        """Guards the fields below; held across a refresh's I/O so that one proof is made at a time."""
+        self._proven_until = -math.inf
+        """Our presence is proven (announced, then a fleet read without conflict) until this ``ctx.clock`` instant."""
+        self._wrote = False
+        """Whether we ever sent an announce (so a record of ours may exist to withdraw)."""
+        self._fenced_off: tuple[type[LockError], str] | None = None
+        self._generation = 0
+        """Bumped by every fence-off: a lease granted under an older generation is never renewed again."""
+        self._held: dict[str, tuple[int, int]] = {}
+        """token -> (fencing token handed out, generation it was granted under)."""
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -138,55 +175,141 @@ class MigrateDriver:
                     seen[member] = {"phase": "?", "host": "?", "pid": "?"}
         return seen
 
-    def _announce_and_check(self) -> None:
+    def _check_fleet(self) -> None:
+        """Raise :class:`FleetConflict` if a client of the conflicting phase is alive (one read of each backend)."""
+        if self._conflict is None:
+            return
+        others = [r for m, r in self.fleet().items() if m != self.member and r.get("phase") == self._conflict]
+        if others:
+            raise self._refusal(others)
+
+    def _refusal(self, others: Sequence[Mapping[str, Any]]) -> FleetConflict:
+        shown = sorted(f"{r.get('host')}:{r.get('pid')} (phase {self._conflict!r})" for r in others)
+        listed = ", ".join(shown[:_SHOWN_MEMBERS]) + (
+            f" and {len(shown) - _SHOWN_MEMBERS} more" if len(shown) > _SHOWN_MEMBERS else ""
+        )
+        if self.phase == "old":
+            advice = (
+                "The fleet has moved on and this instance's configuration is behind it: stop this instance, or set "
+                "its migrate phase to 'both' (or 'new') like the rest and restart it"
+            )
+        else:
+            advice = (
+                "Roll those instances to 'both' first (or stop them if they are leftovers), or set this instance "
+                "back to phase 'both' until they are gone"
+            )
+        return FleetConflict(
+            f"migration {self.options.group!r}: this client is in phase {self.phase!r} but {len(others)} client(s) "
+            f"in phase {self._conflict!r} are alive: {listed}; the two phases share no backend, so this client "
+            f"takes no locks. {advice} (`lockkit migrate status` shows the fleet)"
+        )
+
+    def _refresh(self) -> None:
+        """Prove our presence again (caller holds ``_mutex``): announce, then read the fleet; raise if refused.
+
+        A refused client leaves no record: it looks before writing when its proof has lapsed, and withdraws at
+        once when the read after its announce finds a conflict.
+        """
+        if self._conflict is not None and self._clock() >= self._proven_until:
+            try:
+                self._check_fleet()
+            except FleetConflict:
+                self._withdraw()  # a record from before the lapse may still be live
+                raise
+        sent = self._clock()
+        self._wrote = True
         for presence in self._presences:
             presence.announce(self._group, self.member, self._record(), self.options.presence_ttl)
-        conflict = CONFLICTS[self.phase]
-        if conflict is not None:
-            others = [
-                f"{r.get('host')}:{r.get('pid')}"
-                for m, r in self.fleet().items()
-                if m != self.member and r.get("phase") == conflict
-            ]
-            if others:
-                raise ConfigError(
-                    f"migration {self.options.group!r}: this client is in phase {self.phase!r} but "
-                    f"{len(others)} client(s) in phase {conflict!r} are alive ({', '.join(sorted(others)[:5])}); "
-                    "finish rolling every instance to 'both' first (lockkit migrate status shows the fleet)"
-                )
+        try:
+            self._check_fleet()
+        except FleetConflict:
+            self._withdraw()
+            raise
         if self.phase == "new":
             self._presences[1].announce(self._epoch_group, "epoch", "1", None)
+        self._proven_until = lease_deadline(sent, self.options.presence_ttl)
 
-    def _ensure_announced(self) -> None:
+    def _withdraw(self) -> None:
+        self._proven_until = -math.inf
+        if not self._wrote:
+            return
+        for presence in self._presences:
+            try:
+                presence.withdraw(self._group, self.member)
+            except Exception:  # best effort: the record then expires presence_ttl after our last announce
+                log.warning("lockkit: withdrawing a migration presence record failed", exc_info=True)
+
+    def _admit(self) -> int:
+        """May this client take a lock now? The fence-off generation its grant must come back under."""
         with self._mutex:
-            if self._fenced_off:
-                raise ConfigError(self._fenced_off)
-            if self._announced:
-                return
-            self._announce_and_check()
-            self._announced = True
-            self._heartbeat = threading.Thread(target=self._beat, name="lockkit-migrate-presence", daemon=True)
-            self._heartbeat.start()
+            if self._fenced_off is not None:
+                kind, reason = self._fenced_off
+                raise kind(reason)
+            if self._clock() >= self._proven_until:  # first start, or lapsed (a pause, an outage): prove it again
+                try:
+                    self._refresh()
+                except FleetConflict as exc:
+                    if self._heartbeat is not None:
+                        self._fence_off_locked(FleetConflict, str(exc))
+                    raise
+            if self._heartbeat is None:
+                self._heartbeat = threading.Thread(target=self._beat, name="lockkit-migrate-presence", daemon=True)
+                self._heartbeat.start()
+            return self._generation
 
     def _beat(self) -> None:
         while not self._stop.wait(self.options.presence_ttl / 3):
             try:
                 with self._mutex:
-                    self._announce_and_check()
-                    self._fenced_off = None  # a passing fault is over; leases already lost stay lost
-            except LockError as exc:
-                self._fence_off(f"migration {self.options.group!r}: {exc}")
+                    if self._stop.is_set():
+                        return
+                    self._refresh()
+                    self._fenced_off = None  # proven alone again; leases reported lost stay lost
+            except FleetConflict as exc:
+                self._fence_off(FleetConflict, str(exc))
+            except Exception as exc:  # any failure to refresh: a conflicting client could start unseen
+                self._fence_off(
+                    BackendUnavailable,
+                    f"migration {self.options.group!r}: this client's presence record could not be refreshed "
+                    f"({exc}), so a client of another phase could start unseen; it takes no locks until a "
+                    "refresh succeeds (check that both backends are reachable: lockkit migrate check)",
+                )
 
-    def _fence_off(self, reason: str) -> None:
-        """Stop locking: our presence may lapse or a conflicting phase is alive, so overlap is possible."""
+    def _fence_off(self, kind: type[LockError], reason: str) -> None:
         with self._mutex:
-            first = self._fenced_off is None
-            self._fenced_off = reason
-            held = list(self._held)
+            self._fence_off_locked(kind, reason)
+
+    def _fence_off_locked(self, kind: type[LockError], reason: str) -> None:
+        """Stop locking: our presence may lapse or a conflicting phase is alive, so overlap is possible."""
+        first = self._fenced_off is None
+        self._fenced_off = (kind, reason)
+        lost = [token for token, (_, generation) in self._held.items() if generation == self._generation]
+        self._generation += 1
         if first:
-            log.error("lockkit: %s; refusing new locks and reporting %d held lock(s) lost", reason, len(held))
-        for token in held:
+            log.error("lockkit: %s; refusing new locks and reporting %d held lock(s) lost", reason, len(lost))
+        for token in lost:
             self._ctx.events.lost(token, reason)
+
+    def _not_counted(self, generation: int, sent_at: float, ttl: float) -> tuple[str, float]:
+        """Why a grant or renewal sent at ``sent_at`` must not count (``""``: it counts), and its capped ttl.
+
+        Caller holds ``_mutex``. In ``old`` and ``new`` a lease may be trusted only while our presence is
+        proven (see the module docstring), so its ttl is capped at the proof's end.
+        """
+        if self._fenced_off is not None:
+            return self._fenced_off[1], ttl
+        if generation != self._generation:
+            return "this client was fenced off while the request was in flight", ttl
+        if self._conflict is None:
+            return "", ttl
+        capped = min(ttl, self._proven_until - sent_at)
+        if capped <= 0 or lease_deadline(sent_at, capped) <= self._clock():
+            return (
+                f"migration {self.options.group!r}: this client's presence was not proven alive when the lock "
+                f"came (paused or cut off for longer than presence_ttl = {self.options.presence_ttl:g} s?)",
+                capped,
+            )
+        return "", capped
 
     def epoch_switched(self) -> bool:
         """Whether a ``new`` client has started (tokens come from the new backend from then on)."""
@@ -205,7 +328,31 @@ class MigrateDriver:
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
-        self._ensure_announced()
+        while True:
+            generation = self._admit()
+            taken = self._acquire_all(name, token, ttl, deadline, cancel)
+            if taken is None:
+                return None
+            fence, grant = taken
+            with self._mutex:
+                reason, capped = self._not_counted(generation, grant.sent_at, grant.ttl)
+                if not reason:
+                    self._held[token] = (fence, generation)
+                    return Grant(fence, capped, grant.sent_at)
+                fenced = self._fenced_off
+            # The grant does not count: give the lock back, then check the fleet again (in _admit) and wait on,
+            # or raise the refusal. Counting it could let an 'old' and a 'new' client hold the name at once.
+            self._release_all(self._order(), name, token)
+            log.warning("lockkit: a grant of %r did not count and was released: %s", name, reason)
+            if fenced is not None:
+                raise fenced[0](fenced[1])
+            if cancel is not None and cancel.cancelled:
+                return None
+
+    def _acquire_all(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None
+    ) -> tuple[int, Grant] | None:
+        """Take the phase's locks in order: ``(fencing token, combined grant)``, or ``None`` with none held."""
         grants: list[Grant] = []
         taken: list[Driver] = []
         try:
@@ -221,9 +368,7 @@ class MigrateDriver:
         except BaseException:
             self._release_all(taken, name, token)
             raise
-        with self._mutex:
-            self._held[token] = fence
-        return Grant(fence, min(g.ttl for g in grants), min(g.sent_at for g in grants))
+        return fence, Grant(fence, min(g.ttl for g in grants), min(g.sent_at for g in grants))
 
     def _release_all(self, drivers: Sequence[Driver], name: str, token: str) -> None:
         for driver in reversed(drivers):
@@ -231,7 +376,7 @@ class MigrateDriver:
                 driver.release(name, token)
             except LockError:
                 log.warning(
-                    "lockkit: undoing half of a migration acquire of %r failed; it expires with its TTL",
+                    "lockkit: undoing (part of) a migration acquire of %r failed; it expires with its TTL",
                     name,
                     exc_info=True,
                 )
@@ -239,10 +384,25 @@ class MigrateDriver:
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         return one_renewal(self.renew_many([RenewRequest(name, token, ttl)]))
 
+    def _renewal_refused(self, token: str) -> str:
+        """Caller holds ``_mutex``: why ``token``'s lease must not be renewed (``""``: it may)."""
+        if self._fenced_off is not None:
+            return self._fenced_off[1]
+        held = self._held.get(token)
+        if held is not None and held[1] != self._generation:
+            return f"migration {self.options.group!r}: this client was fenced off since the lock was granted"
+        return ""
+
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
-        per_driver = [driver.renew_many(requests) for driver in self._order()]
-        out: list[Grant | Exception | None] = []
-        for i, request in enumerate(requests):
+        with self._mutex:
+            refused = {r.token: why for r in requests if (why := self._renewal_refused(r.token))}
+            generation = self._generation
+        live = [r for r in requests if r.token not in refused]
+        per_driver = [driver.renew_many(live) for driver in self._order()] if live else []
+        outcome: dict[str, Grant | Exception | None] = {
+            token: LockLost(f"{why}; the lease is not renewed") for token, why in refused.items()
+        }
+        for i, request in enumerate(live):
             results = [batch[i] for batch in per_driver]
             errors = [r for r in results if isinstance(r, Exception)]
             if any(r is None for r in results):
@@ -251,20 +411,50 @@ class MigrateDriver:
                     request.name,
                     request.token,
                 )
-                out.append(None)
+                outcome[request.token] = None
             elif errors:
-                out.append(errors[0])
+                outcome[request.token] = errors[0]
             else:
                 grants = cast(list[Grant], results)
-                fence = self._held.get(request.token, grants[0].fencing_token)
-                out.append(Grant(fence, min(g.ttl for g in grants), min(g.sent_at for g in grants)))
-        return out
+                sent_at, ttl = min(g.sent_at for g in grants), min(g.ttl for g in grants)
+                with self._mutex:
+                    held = self._held.get(request.token)
+                    reason, capped = self._not_counted(held[1] if held else generation, sent_at, ttl)
+                    fence = held[0] if held else grants[0].fencing_token
+                # Not counted: the server side stays extended until its TTL, but the lease is not.
+                outcome[request.token] = (
+                    LockLost(f"{reason}; the lease is not renewed") if reason else Grant(fence, capped, sent_at)
+                )
+        return [outcome[r.token] for r in requests]
 
     def release(self, name: str, token: str) -> bool:
         with self._mutex:
             self._held.pop(token, None)
-        results = [driver.release(name, token) for driver in reversed(self._order())]
-        return all(results)
+        return self._each(reversed(self._order()), "release", lambda d: d.release(name, token), all)
+
+    def _each(
+        self,
+        drivers: Iterable[Driver],
+        action: str,
+        call: Callable[[Driver], bool],
+        combine: Callable[[list[bool]], bool],
+    ) -> bool:
+        """``call`` on every driver even when one raises (the first error is raised after all were tried).
+
+        A release whose new-backend half fails must still free the old backend's lock: otherwise it stays held
+        until its TTL although the holder is done with it.
+        """
+        results: list[bool] = []
+        error: Exception | None = None
+        for driver in drivers:
+            try:
+                results.append(call(driver))
+            except Exception as exc:  # reported after the other backend's half is done
+                log.warning("lockkit: migration %s failed on one backend; the other one is still done", action)
+                error = error or exc
+        if error is not None:
+            raise error
+        return combine(results)
 
     def holder(self, name: str) -> HolderInfo:
         infos = [driver.holder(name) for driver in self._order()]
@@ -272,8 +462,7 @@ class MigrateDriver:
         return held[0] if held else infos[0]
 
     def force_release(self, name: str) -> bool:
-        results = [driver.force_release(name) for driver in (self.new, self.old)]
-        return any(results)
+        return self._each((self.new, self.old), "force-release", lambda d: d.force_release(name), any)
 
     def ping(self) -> None:
         for driver in (self.old, self.new):
@@ -281,20 +470,30 @@ class MigrateDriver:
 
     def close(self) -> None:
         self._stop.set()
-        if self._announced:
-            for presence in self._presences:
-                try:
-                    presence.withdraw(self._group, self.member)
-                except LockError:
-                    log.debug("lockkit: withdrawing migration presence failed", exc_info=True)
+        heartbeat = self._heartbeat
+        if heartbeat is not None and heartbeat is not threading.current_thread():
+            heartbeat.join(self.options.presence_ttl)  # so that no refresh announces us again after the withdraw
+        with self._mutex:
+            self._withdraw()
         for driver in (self.new, self.old):
-            driver.close()
+            try:
+                driver.close()
+            except Exception:  # closing one backend must not leave the other's connections open
+                log.warning("lockkit: closing a migration backend failed", exc_info=True)
 
 
-def next_step(fleet: dict[str, dict[str, str]], epoch_switched: bool) -> tuple[bool, str]:
-    """``(safe, advice)`` for ``lockkit migrate status``, from the live clients' phases."""
+def next_step(fleet: dict[str, dict[str, str]], epoch_switched: bool, new_backend: str = "NEW") -> tuple[bool, str]:
+    """``(safe, advice)`` for ``lockkit migrate status``, from the live clients' phases.
+
+    ``new_backend`` is the name of the backend the migration goes to, for the end-of-migration advice.
+    """
     phases = [record.get("phase") for record in fleet.values()]
     old, both, new = (phases.count(p) for p in PHASES)
+    finish = (
+        f"set fencing_epoch = 1 on [backends.{new_backend}], point call sites at it (default/routes) and drop the "
+        "migrate backend, instance by instance; switch the old backend off once no migrate client is left "
+        "(docs/migration.md, step 4)"
+    )
     if old and new:
         return False, f"UNSAFE: {old} client(s) on 'old' and {new} on 'new' at once; roll the 'new' ones back to 'both'"
     if old:
@@ -304,5 +503,7 @@ def next_step(fleet: dict[str, dict[str, str]], epoch_switched: bool) -> tuple[b
     if both:
         return True, f"{both} client(s) still on 'both': finish rolling them to 'new'"
     if new:
-        return True, "migration complete: point call sites at the new backend directly and drop the migrate backend"
-    return True, "no live clients" + (" (epoch switched: tokens come from the new backend)" if epoch_switched else "")
+        return True, f"migration complete: {finish}"
+    if epoch_switched:
+        return True, f"no live clients (epoch switched: tokens come from the new backend); to finish, {finish}"
+    return True, "no live clients"
