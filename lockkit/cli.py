@@ -300,13 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="self-test a deployment: contention, fencing, faults",
         description="N processes contend on one name and write through a fencing-checked "
-        "store; optionally holders are SIGKILLed or SIGSTOPped at random. Exits 1 on any "
-        "overlap, lost update or fencing violation.",
+        "store; optionally holders are SIGKILLed or SIGSTOPped at random. Every figure is recomputed "
+        "from the holders' log and the store's history of attempts. Exits 1 on any overlap, lost "
+        "update, fencing token backwards or shared; 2 for memory:// (one process only) or --faults "
+        "with --duration <= 2 x --ttl (no fault could be injected).",
     )
     verify.add_argument("--url", help="backend to verify (default: the configured default backend)")
     verify.add_argument("--processes", type=_positive_int, default=4, help="worker processes (default 4)")
     verify.add_argument("--duration", type=float, default=10.0, help="seconds to run (default 10)")
-    verify.add_argument("--faults", default="", help="comma-separated: kill, pause")
+    verify.add_argument("--faults", default="", help="comma-separated: kill, pause (needs --duration > 2 x --ttl)")
     verify.add_argument("--ttl", type=float, default=2.0, help="lease TTL of the workers (default 2)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(func=_cmd_verify)

@@ -5,15 +5,28 @@ counter from a fencing-checked store (:mod:`lockkit.fencing_store`), thinks for 
 counter + 1 with its fencing token, logging when it entered and left. With ``--faults``, the controller
 SIGKILLs (then replaces) or SIGSTOPs (for 1.5 × TTL) a random worker now and then.
 
-Checks, each of which fails the run (exit 1):
+Each figure is measured from evidence the mechanism it checks does not control — the holders' own log of
+their validity intervals and tokens, and the store's full history of attempts — never from the store's
+fencing rule, which prevents exactly what the fencing figures count. Checks, each of which fails the run
+(exit 1):
 
-* **overlap** — two leases' validity intervals (entry until the earlier of release and ``expires_at``)
-  intersect;
-* **lost updates** — the counter differs from the number of writes the store accepted;
-* **fencing** — accepted writes went backwards in token, or two leases had writes accepted under one token.
+* **overlaps** — two holders' validity intervals (entry until the earlier of release and ``expires_at``)
+  intersect (the holders' log);
+* **lost updates** — the final counter differs from the number of increments the store acknowledged to
+  holders (the counter against the history);
+* **fencing backwards** — a holder that entered after another had left got a lower fencing token (the
+  holders' log), or the store accepted a write whose token is lower than an earlier accepted one (the
+  history);
+* **shared fencing tokens** — distinct leases presented the same fencing token, whether the store
+  accepted them or not (the history): the backend handed out a duplicate.
 
-Also reported: acquisitions, handoffs, stale writes the store rejected, handoff latency and the takeover
-time after a holder was killed.
+The fencing figures apply to backends that promise fencing tokens; on one whose guarantees say
+``fencing="none"`` (Redlock) the workers read and write unfenced, the two figures are ``None`` and the
+lost-update count measures exclusion alone. A backend whose scope is one process (``memory://``) is
+refused: verify's workers are separate processes.
+
+Also reported: acquisitions, handoffs, stale reads and writes the store rejected, handoff latency and the
+takeover time after a holder was killed.
 """
 
 from __future__ import annotations
@@ -29,16 +42,25 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lockkit
 
-from .fencing_store import FencedStore
+from .fencing_store import FencedStore, summarise
 from .urls import redact
 
 
-def _worker(url: str | None, name: str, store_path: str, log_path: str, until: float, ttl: float) -> None:
-    store = FencedStore(store_path)
+def _worker(
+    url: str | None,
+    name: str,
+    store_path: str,
+    log_path: str,
+    until: float,
+    ttl: float,
+    fenced: bool,
+    store_class: type[FencedStore],
+) -> None:
+    store = store_class(store_path)
     with lockkit.connect(url) as locks:
         lock = locks.lock(name, ttl=ttl)
         while time.monotonic() < until:
@@ -48,12 +70,13 @@ def _worker(url: str | None, name: str, store_path: str, log_path: str, until: f
                 break
             entered = time.monotonic()
             written = "skip"
-            value = store.read(lease.fencing_token, lease.token)
+            fence = lease.fencing_token if fenced else None
+            value = store.read(fence, lease.token)
             time.sleep(random.uniform(0, 0.003))
             if value is None:
                 written = "stale"
             elif lease.valid:
-                written = "ok" if store.write(value + 1, lease.fencing_token, lease.token) else "stale"
+                written = "ok" if store.write(value + 1, fence, lease.token, read=value) else "stale"
             left = min(time.monotonic(), lease.expires_at)
             try:
                 lock.release()
@@ -64,19 +87,30 @@ def _worker(url: str | None, name: str, store_path: str, log_path: str, until: f
                 handle.write(f"{entered} {left} {os.getpid()} {lease.fencing_token} {written} {ended}\n")
 
 
+class _Entry(NamedTuple):
+    entered: float
+    left: float
+    pid: int
+    token: int
+    written: str
+
+
 @dataclass
 class VerifyReport:
     url: str
     processes: int
     duration: float
     faults: list[str]
+    fencing: str = "strict"
+    """The backend's fencing promise (its ``Guarantees.fencing``); ``none``: the fencing figures are ``None``."""
     acquisitions: int = 0
     handoffs: int = 0
     overlaps: int = 0
     lost_updates: int = 0
     stale_writes_rejected: int = 0
-    fencing_backwards: int = 0
-    shared_fencing_tokens: int = 0
+    """Fenced reads and writes the store refused as stale (informational: a paused holder's are expected)."""
+    fencing_backwards: int | None = 0
+    shared_fencing_tokens: int | None = 0
     kills: int = 0
     pauses: int = 0
     handoff_ms_p50: float | None = None
@@ -95,13 +129,17 @@ class VerifyReport:
         return json.dumps({**asdict(self), "ok": self.ok})
 
     def table(self) -> str:
+        if self.fencing_backwards is None or self.shared_fencing_tokens is None:
+            fencing = "n/a (the backend gives no fencing tokens)"
+        else:
+            fencing = f"{self.fencing_backwards} / {self.shared_fencing_tokens}"
         rows = [
             ("acquisitions", self.acquisitions),
             ("handoffs", self.handoffs),
             ("overlaps", self.overlaps),
             ("lost updates", self.lost_updates),
-            ("stale writes rejected by fencing", self.stale_writes_rejected),
-            ("fencing tokens backwards / shared", f"{self.fencing_backwards} / {self.shared_fencing_tokens}"),
+            ("stale reads/writes rejected by fencing", self.stale_writes_rejected),
+            ("fencing tokens backwards / shared", fencing),
             ("holders killed / paused", f"{self.kills} / {self.pauses}"),
             ("handoff latency p50 / p99", f"{_ms(self.handoff_ms_p50)} / {_ms(self.handoff_ms_p99)}"),
             ("takeover after kill (median)", _ms(statistics.median(self.takeover_ms) if self.takeover_ms else None)),
@@ -116,71 +154,139 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} ms"
 
 
-def _analyse(report: VerifyReport, log: Path, store: FencedStore, kill_times: list[float]) -> None:
+def _read_log(log: Path) -> list[_Entry]:
     entries = []
     for line in log.read_text().splitlines():
-        entered, left, pid, token, written, _ended = line.split()
-        entries.append((float(entered), float(left), int(pid), int(token), written))
+        fields = line.split()
+        if len(fields) != 6:
+            continue  # a holder SIGKILLed mid-append leaves a torn line: it never finished, so it is no entry
+        entered, left, pid, token, written, _ended = fields
+        entries.append(_Entry(float(entered), float(left), int(pid), int(token), written))
     entries.sort()
+    return entries
+
+
+def _backwards_grants(held: list[_Entry]) -> int:
+    """Holders whose token is lower than that of a holder who had left before they entered.
+
+    Only pairs ordered in time without doubt are compared (one left before the other entered), so an
+    overlap — already reported as such — cannot pass for a token out of order, nor hide one.
+    """
+    by_end = sorted(held, key=lambda e: e.left)
+    count, done, highest = 0, 0, None
+    for entry in held:  # sorted by entry
+        while done < len(by_end) and by_end[done].left <= entry.entered:
+            token = by_end[done].token
+            highest = token if highest is None else max(highest, token)
+            done += 1
+        if highest is not None and entry.token < highest:
+            count += 1
+    return count
+
+
+def _analyse(report: VerifyReport, log: Path, store: FencedStore, kill_times: list[float]) -> None:
+    entries = _read_log(log)
     report.acquisitions = len(entries)
     # A lease's validity interval in the critical section is [entered, left]. It is empty when the holder was
     # paused between the grant and ``entered`` until its lease had expired (left < entered): such a holder
     # never held a valid lease there (and did not write), so it cannot overlap anyone. Every non-empty
     # interval is checked against the latest end seen so far, not only against its neighbour.
-    latest: tuple[float, float, int, int, str] | None = None
-    for entry in entries:
-        if entry[1] <= entry[0]:
-            report.expired_on_entry += 1
-            continue
-        if latest is not None and entry[0] < latest[1]:
+    held = [e for e in entries if e.left > e.entered]
+    report.expired_on_entry = len(entries) - len(held)
+    latest: _Entry | None = None
+    for entry in held:
+        if latest is not None and entry.entered < latest.left:
             report.overlaps += 1
             if report.first_overlap is None:
                 report.first_overlap = [list(latest), list(entry)]
-        if latest is None or entry[1] > latest[1]:
+        if latest is None or entry.left > latest.left:
             latest = entry
     gaps = []
     for prev, nxt in itertools.pairwise(entries):
-        if nxt[2] != prev[2]:
+        if nxt.pid != prev.pid:
             report.handoffs += 1
-            gaps.append((nxt[0] - prev[1]) * 1000)
+            gaps.append((nxt.entered - prev.left) * 1000)
     if gaps:
         gaps.sort()
         report.handoff_ms_p50 = statistics.median(gaps)
         report.handoff_ms_p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
     for killed_at in kill_times:
-        later = [e[0] for e in entries if e[0] > killed_at]
+        later = [e.entered for e in entries if e.entered > killed_at]
         if later:
             report.takeover_ms.append((min(later) - killed_at) * 1000)
-    result = store.report()
+    # The base class's summary, whatever store class the workers used: a broken store's own report()
+    # must not be the judge of its history.
+    result = summarise(store.history(), FencedStore.value(store))
     report.lost_updates = abs(result.value - result.accepted)
     report.stale_writes_rejected = result.rejected
-    report.fencing_backwards = result.backwards
-    report.shared_fencing_tokens = result.shared_tokens
+    if report.fencing == "none":
+        report.fencing_backwards = report.shared_fencing_tokens = None
+    else:
+        report.fencing_backwards = _backwards_grants(held) + result.backwards
+        report.shared_fencing_tokens = result.shared_tokens
 
 
-def run(url: str | None, processes: int, duration: float, faults: list[str], ttl: float = 2.0) -> VerifyReport:
+def run(
+    url: str | None,
+    processes: int,
+    duration: float,
+    faults: list[str],
+    ttl: float = 2.0,
+    *,
+    store_class: type[FencedStore] = FencedStore,
+) -> VerifyReport:
+    """Run the self-test; raises :class:`lockkit.ConfigError` for a combination that could test nothing.
+
+    ``store_class`` is a test hook, not an option: the test suite passes a deliberately broken store
+    (:mod:`lockkit.testing._broken`) to show that the lost-update figure can fail. It must be importable
+    by the spawned workers.
+    """
     unknown = set(faults) - {"kill", "pause"}
     if unknown:
         raise lockkit.ConfigError(f"unknown fault {sorted(unknown)[0]!r}; use kill, pause or both")
+    if faults and duration <= 2 * ttl:
+        # The controller keeps the last 2 x TTL free of faults for the takeover to be seen: a shorter run
+        # would inject none and report a fault test that never happened.
+        raise lockkit.ConfigError(
+            f"--faults needs --duration above 2 × --ttl: with --ttl {ttl:g} it injects a fault only if "
+            f"--duration is more than {2 * ttl:g} s (got {duration:g})"
+        )
+    name = f"lockkit-verify:{os.getpid()}:{time.monotonic_ns()}"
+    with lockkit.connect(url) as locks:
+        backend = locks.backend_for(name)
+        guarantees, shown = backend.guarantees, backend.shown_url
+    if guarantees.scope == "process":
+        raise lockkit.ConfigError(
+            f"{shown} locks only the threads of one process, and verify's workers are separate processes: "
+            "the run could show nothing but that. Verify a backend that processes share (file:// on one "
+            "host, or a server)"
+        )
     report = VerifyReport(redact(url) if url else "the configured default", processes, duration, faults)
+    report.fencing = guarantees.fencing
+    fenced = guarantees.fencing != "none"
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="lockkit-verify-") as tmp:
         store_path, log_path = Path(tmp) / "store.db", Path(tmp) / "log"
         log_path.write_text("")
         store = FencedStore(store_path)
-        name = f"lockkit-verify:{os.getpid()}:{time.monotonic_ns()}"
         until = time.monotonic() + duration
 
         def spawn() -> Any:
-            proc = ctx.Process(target=_worker, args=(url, name, str(store_path), str(log_path), until, ttl))
+            proc = ctx.Process(
+                target=_worker, args=(url, name, str(store_path), str(log_path), until, ttl, fenced, store_class)
+            )
             proc.start()
             return proc
 
         workers = [spawn() for _ in range(processes)]
         kill_times: list[float] = []
         rng = random.Random()
-        while faults and time.monotonic() < until - ttl * 2:
-            time.sleep(rng.uniform(0.5, 1.5) * ttl)
+        injected = False
+        # At least one fault (the duration check above leaves room for it), then more while 2 x TTL remain.
+        while faults and (not injected or time.monotonic() < until - ttl * 2):
+            window = until - ttl * 2 - time.monotonic()
+            time.sleep(max(0.0, min(rng.uniform(0.5, 1.5) * ttl, window)))
+            injected = True
             victim = rng.randrange(len(workers))
             if rng.choice(faults) == "kill":
                 kill_times.append(time.monotonic())
