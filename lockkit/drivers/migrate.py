@@ -145,8 +145,11 @@ class MigrateDriver:
         self._group = f"lockkit-migrate:{options.group}"
         self._epoch_group = f"lockkit-migrate:{options.group}:epoch"
         self._epoch_seen = self.phase == "new"
+        self._refreshing = threading.RLock()
+        """Held across a refresh's I/O (announce, fleet read, withdraw, the fence-off it leads to), so that proofs
+        and fence-offs happen one at a time and in order. Reentrant: an ``on_lost`` run by a fence-off may lock."""
         self._mutex = threading.Lock()
-        """Guards the fields below; held across a refresh's I/O so that one proof is made at a time."""
+        """Guards the fields below; never held across I/O or a callback (renewals and releases take it)."""
         self._proven_until = -math.inf
         """Our presence is proven (announced, then a fleet read without conflict) until this ``ctx.clock`` instant."""
         self._wrote = False
@@ -205,12 +208,14 @@ class MigrateDriver:
         )
 
     def _refresh(self) -> None:
-        """Prove our presence again (caller holds ``_mutex``): announce, then read the fleet; raise if refused.
+        """Prove our presence again (caller holds ``_refreshing``): announce, then read the fleet; raise if refused.
 
         A refused client leaves no record: it looks before writing when its proof has lapsed, and withdraws at
         once when the read after its announce finds a conflict.
         """
-        if self._conflict is not None and self._clock() >= self._proven_until:
+        with self._mutex:
+            lapsed = self._clock() >= self._proven_until
+        if self._conflict is not None and lapsed:
             try:
                 self._check_fleet()
             except FleetConflict:
@@ -227,10 +232,13 @@ class MigrateDriver:
             raise
         if self.phase == "new":
             self._presences[1].announce(self._epoch_group, "epoch", "1", None)
-        self._proven_until = lease_deadline(sent, self.options.presence_ttl)
+        with self._mutex:
+            self._proven_until = max(self._proven_until, lease_deadline(sent, self.options.presence_ttl))
 
     def _withdraw(self) -> None:
-        self._proven_until = -math.inf
+        """Caller holds ``_refreshing``."""
+        with self._mutex:
+            self._proven_until = -math.inf
         if not self._wrote:
             return
         for presence in self._presences:
@@ -239,55 +247,70 @@ class MigrateDriver:
             except Exception:  # best effort: the record then expires presence_ttl after our last announce
                 log.warning("lockkit: withdrawing a migration presence record failed", exc_info=True)
 
+    def _fenced_error(self) -> LockError | None:
+        """Caller holds ``_mutex``."""
+        if self._fenced_off is None:
+            return None
+        kind, reason = self._fenced_off
+        return kind(reason)
+
     def _admit(self) -> int:
         """May this client take a lock now? The fence-off generation its grant must come back under."""
         with self._mutex:
-            if self._fenced_off is not None:
-                kind, reason = self._fenced_off
-                raise kind(reason)
-            if self._clock() >= self._proven_until:  # first start, or lapsed (a pause, an outage): prove it again
-                try:
-                    self._refresh()
-                except FleetConflict as exc:
-                    if self._heartbeat is not None:
-                        self._fence_off_locked(FleetConflict, str(exc))
-                    raise
-            if self._heartbeat is None:
+            error, lapsed = self._fenced_error(), self._clock() >= self._proven_until
+        if error is not None:
+            raise error
+        if lapsed:  # first start, or lapsed (a pause, an outage): prove it again before waiting
+            with self._refreshing:
+                with self._mutex:
+                    lapsed = self._clock() >= self._proven_until  # another thread may have just done it
+                if lapsed:
+                    try:
+                        self._refresh()
+                    except FleetConflict as exc:
+                        if self._heartbeat is not None:
+                            self._fence_off(FleetConflict, str(exc))
+                        raise
+        with self._mutex:
+            error = self._fenced_error()
+            if error is None and self._heartbeat is None:
                 self._heartbeat = threading.Thread(target=self._beat, name="lockkit-migrate-presence", daemon=True)
                 self._heartbeat.start()
-            return self._generation
+            generation = self._generation
+        if error is not None:
+            raise error
+        return generation
 
     def _beat(self) -> None:
         while not self._stop.wait(self.options.presence_ttl / 3):
-            try:
-                with self._mutex:
-                    if self._stop.is_set():
-                        return
+            with self._refreshing:
+                if self._stop.is_set():
+                    return
+                try:
                     self._refresh()
-                    self._fenced_off = None  # proven alone again; leases reported lost stay lost
-            except FleetConflict as exc:
-                self._fence_off(FleetConflict, str(exc))
-            except Exception as exc:  # any failure to refresh: a conflicting client could start unseen
-                self._fence_off(
-                    BackendUnavailable,
-                    f"migration {self.options.group!r}: this client's presence record could not be refreshed "
-                    f"({exc}), so a client of another phase could start unseen; it takes no locks until a "
-                    "refresh succeeds (check that both backends are reachable: lockkit migrate check)",
-                )
+                except FleetConflict as exc:
+                    self._fence_off(FleetConflict, str(exc))
+                except Exception as exc:  # any failure to refresh: a conflicting client could start unseen
+                    self._fence_off(
+                        BackendUnavailable,
+                        f"migration {self.options.group!r}: this client's presence record could not be refreshed "
+                        f"({exc}), so a client of another phase could start unseen; it takes no locks until a "
+                        "refresh succeeds (check that both backends are reachable: lockkit migrate check)",
+                    )
+                else:
+                    with self._mutex:
+                        self._fenced_off = None  # proven alone again; leases reported lost stay lost
 
     def _fence_off(self, kind: type[LockError], reason: str) -> None:
-        with self._mutex:
-            self._fence_off_locked(kind, reason)
-
-    def _fence_off_locked(self, kind: type[LockError], reason: str) -> None:
         """Stop locking: our presence may lapse or a conflicting phase is alive, so overlap is possible."""
-        first = self._fenced_off is None
-        self._fenced_off = (kind, reason)
-        lost = [token for token, (_, generation) in self._held.items() if generation == self._generation]
-        self._generation += 1
+        with self._mutex:
+            first = self._fenced_off is None
+            self._fenced_off = (kind, reason)
+            lost = [token for token, (_, generation) in self._held.items() if generation == self._generation]
+            self._generation += 1
         if first:
             log.error("lockkit: %s; refusing new locks and reporting %d held lock(s) lost", reason, len(lost))
-        for token in lost:
+        for token in lost:  # outside _mutex: on_lost callbacks may release or renew
             self._ctx.events.lost(token, reason)
 
     def _not_counted(self, generation: int, sent_at: float, ttl: float) -> tuple[str, float]:
@@ -339,13 +362,13 @@ class MigrateDriver:
                 if not reason:
                     self._held[token] = (fence, generation)
                     return Grant(fence, capped, grant.sent_at)
-                fenced = self._fenced_off
+                fenced = self._fenced_error()
             # The grant does not count: give the lock back, then check the fleet again (in _admit) and wait on,
             # or raise the refusal. Counting it could let an 'old' and a 'new' client hold the name at once.
             self._release_all(self._order(), name, token)
             log.warning("lockkit: a grant of %r did not count and was released: %s", name, reason)
             if fenced is not None:
-                raise fenced[0](fenced[1])
+                raise fenced
             if cancel is not None and cancel.cancelled:
                 return None
 
@@ -473,7 +496,7 @@ class MigrateDriver:
         heartbeat = self._heartbeat
         if heartbeat is not None and heartbeat is not threading.current_thread():
             heartbeat.join(self.options.presence_ttl)  # so that no refresh announces us again after the withdraw
-        with self._mutex:
+        with self._refreshing:
             self._withdraw()
         for driver in (self.new, self.old):
             try:
