@@ -8,6 +8,7 @@ present. A "pause" is a real SIGSTOP/SIGCONT of a child process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -245,13 +246,22 @@ def test_A3_renewal_after_fence_off_is_refused(pair: Pair, config: Callable[...,
     lost = []
     lock = new.lock("a3:renew", ttl=20, auto_renew=False, on_lost=lambda lease: lost.append(lease.lost_reason))
     lease = lock.acquire()
+    released: list[bool] = []
+
+    def release_on_loss(_lease: lockkit.Lease) -> None:  # an on_lost that locks must not deadlock the fence-off
+        with contextlib.suppress(LockError):
+            other.release()
+        released.append(True)
+
+    other = new.lock("a3:renew-other", ttl=20, on_lost=release_on_loss)
+    other.acquire()
     driver = new.migrations()["main"]
     # A racing 'old' client's record, written through the old backend's own presence API: the 'new' client's
     # next presence check sees it and fences itself off.
     rival = lockers(pair.old).backend_for("x").driver
     group, record = "lockkit-migrate:main", json.dumps({"phase": "old", "host": "rival", "pid": 1})
     rival.announce(group, "rival", record, 30)
-    _eventually(lambda: bool(lost), 15, "the fence-off reported the held lease lost")
+    _eventually(lambda: bool(lost) and bool(released), 15, "the fence-off reported the held leases lost")
     rival.withdraw(group, "rival")
     _eventually(lambda: _can_lock(new, "a3:other"), 15, "the fence-off is over")
     left_before = lockers(pair.new).holder("a3:renew").ttl_left
