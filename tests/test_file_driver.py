@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import threading
 from pathlib import Path
@@ -94,3 +95,14 @@ def test_release_never_blocks_on_a_waiter_that_stopped_reading(driver: FileDrive
         assert done.wait(30), "a release blocked on a full wake-up queue"
     finally:
         sleeper.close()
+
+
+def test_presence_on_a_missing_directory_raises_backend_unavailable(tmp_path: Path) -> None:
+    """migrate:// reads presence through the driver: a vanished directory is a LockError, not a raw OSError."""
+    directory = tmp_path / "gone"
+    driver = FileDriver.from_url(parse_url(directory.as_uri()), DriverContext())
+    shutil.rmtree(directory)
+    with pytest.raises(BackendUnavailable, match="presence file"):
+        driver.members("g")
+    with pytest.raises(BackendUnavailable, match="presence file"):
+        driver.announce("g", "m", "v", 5)

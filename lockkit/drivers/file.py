@@ -354,7 +354,13 @@ class FileDriver:
     def _presence(self, group: str) -> Iterator[dict[str, Any]]:
         """The group's live records (``{member: {value, expires, ttl, boot, host}}``), written back on exit."""
         path = self.directory / f"presence-{hashlib.sha256(group.encode('utf-8')).hexdigest()}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:  # the driver contract: only LockError subclasses leave a driver
+            raise BackendUnavailable(
+                f"cannot open presence file {path}: {exc.strerror}; check that the lock directory exists and is "
+                "writable"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -365,7 +371,10 @@ class FileDriver:
             live = {m: r for m, r in (raw or {}).items() if self._present(group, m, r, now)}
             self._sightings = {k: t for k, t in self._sightings.items() if k[0] != group or k[1] in live}
             yield live
-            _file_record.write(fd, seq, live, self._options.fsync)
+            try:
+                _file_record.write(fd, seq, live, self._options.fsync)
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot write presence file {path}: {exc.strerror}") from None
         finally:
             os.close(fd)
 
