@@ -375,7 +375,8 @@ def _shell_lines(source: str) -> list[tuple[int, str]]:
 
 
 def _run_shell_line(env: DocsEnv, path: Path, lineno: int, line: str) -> None:
-    where = f"{Path(path).relative_to(ROOT)}:{lineno}: {line}"
+    shown = Path(path).relative_to(ROOT) if ROOT in Path(path).parents else path
+    where = f"{shown}:{lineno}: {line}"
     argv = shlex.split(env.substitute(line), comments=True)
     stdin = None
     run_env = dict(os.environ)
