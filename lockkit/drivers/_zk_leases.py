@@ -38,8 +38,9 @@ from ._zk_nodes import HELD, LOST, UNCERTAIN, Held
 if TYPE_CHECKING:
     from ._zk_session import Session
 
-Orphan = tuple[str, str, "str | None"]
-"""A node we gave up on: (parent, uuid prefix, child name if known), deleted when we can."""
+Orphan = tuple[str, str, "str | None", int, "int | None"]
+"""A node we gave up on: (parent, uuid prefix, child name if known, the session that created it, its czxid if
+known), deleted when we can, and only if it is still that node (see :meth:`Session.abandon`)."""
 
 
 class Leases:
@@ -73,7 +74,7 @@ class Leases:
             if self._held.get(entry.token) is entry:
                 del self._held[entry.token]
         if entry.state == LOST:
-            self._session.abandon(entry.parent, entry.prefix, entry.child, entry.session_id)
+            self._session.abandon(entry.parent, entry.prefix, entry.child, entry.session_id, entry.czxid)
 
     # -- our watch on each held node -----------------------------------------------------------
 
@@ -140,7 +141,7 @@ class Leases:
         for entry in entries:
             if entry.state != LOST:
                 self._events.lost(entry.token, "the ZooKeeper session expired: its lock nodes are gone")
-        return [(entry.parent, entry.prefix, entry.child) for entry in entries]
+        return [(entry.parent, entry.prefix, entry.child, entry.session_id, entry.czxid) for entry in entries]
 
     def reconnected(self, sid: int) -> None:
         """Verify every lock after a reconnect (and re-arm its watch); restore or lose it."""

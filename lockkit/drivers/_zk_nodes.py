@@ -152,7 +152,7 @@ def translated(what: str, timeout: float, passthrough: tuple[type[BaseException]
     except (ConnectionLoss, ConnectionClosedError, SessionExpiredError, OperationTimeoutError) as exc:
         raise Transient(f"could not {what}: the ZooKeeper connection was lost ({type(exc).__name__})") from exc
     except KazooTimeoutError as exc:
-        raise Transient(f"could not {what}: ZooKeeper did not answer within {timeout:g} s") from exc
+        raise Transient(f"could not {what}: ZooKeeper did not answer within {timeout:.2g} s") from exc
     except KazooException as exc:
         raise BackendUnavailable(f"ZooKeeper failed to {what}: {type(exc).__name__}") from exc
 

@@ -19,8 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError, UnimplementedError
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
 from kazoo.protocol.states import KazooState, KeeperState
 from kazoo.security import CREATOR_ALL_ACL, OPEN_ACL_UNSAFE
 
@@ -34,6 +33,11 @@ from ._zk_nodes import Layout, Transient, ZooKeeperOptions, wait, with_prefix
 log = logging.getLogger("lockkit")
 
 CLEANUP_TRIES = 3
+CONNECT_GRACE = 1.0
+"""Seconds a call with a shorter timeout (``try_acquire()``, ``acquire(timeout=0.1)``) still waits for a
+connection or a reply, capped by connect_timeout: a connect and handshake take a few milliseconds to a healthy
+server, and "one attempt" must be able to make it, yet an unreachable server must not hold such a call for
+connect_timeout (10 s by default)."""
 
 
 class Session:
@@ -57,6 +61,7 @@ class Session:
         self._clock = clock
         self._events = events
         self._start_lock = threading.Lock()
+        self._base_lock = threading.Lock()
         self._mutex = threading.Lock()
         self._kz: KazooClient | None = None
         self._ready: KazooClient | None = None
@@ -78,15 +83,44 @@ class Session:
         """The negotiated session timeout in seconds (the requested one until the first connect)."""
         return self._negotiated or self.options.session_timeout
 
-    def client(self) -> KazooClient:
+    @property
+    def connect_grace(self) -> float:
+        """How long a call whose own timeout is shorter still waits for a connection (see :data:`CONNECT_GRACE`)."""
+        return min(self.options.connect_timeout, CONNECT_GRACE)
+
+    def end_of(self, deadline: float | None) -> float | None:
+        """When a call with ``deadline`` stops waiting for a connection or a reply (``None``: connect_timeout).
+
+        The caller's deadline, but never less than :attr:`connect_grace` from now, so that ``try_acquire()``
+        (a deadline already past) can still connect; :meth:`wait_connected` caps it by connect_timeout.
+        """
+        return None if deadline is None else max(deadline, self._clock() + self.connect_grace)
+
+    def client(self, end: float | None = None) -> KazooClient:
+        """The kazoo client, once its first connection is up and the base node exists.
+
+        The first call starts kazoo in the background and waits until ``end`` at most (and connect_timeout
+        at most). A call that gives up leaves kazoo connecting, so a later call finds the connection up
+        instead of starting again from scratch: a slow handshake still completes, however short each
+        caller's timeout.
+        """
         ready = self._ready
         if ready is not None:
             return ready
         with self._start_lock:
             if self.closed:
                 raise BackendUnavailable("this ZooKeeper driver is closed")
+            if self._kz is None and self._ready is None:
+                self._start()
+        self._connection(end)
+        with self._base_lock:  # one caller makes the base node; the others wait for it, then find _ready set
             if self._ready is None:
-                self._ready = self._start()
+                kz = self._kz
+                if kz is None or self.closed:
+                    raise BackendUnavailable("this ZooKeeper driver is closed")
+                # a failure (e.g. access denied) keeps the connection: the next call tries the node again
+                wait(kz.ensure_path_async(self.layout.base, self.acl), f"create {self.layout.base}", self._wait(end))
+                self._ready = kz
             return self._ready
 
     def _new_client(self) -> KazooClient:
@@ -98,27 +132,12 @@ class Session:
     def _set_negotiated(self, timeout: float) -> None:
         self._negotiated = timeout
 
-    def _start(self) -> KazooClient:
+    def _start(self) -> None:
         kz = self._new_client()
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="lockkit-zookeeper", daemon=True)
             self._worker.start()
-        try:
-            kz.start(timeout=self.options.connect_timeout)
-        except KazooTimeoutError:
-            self._kz = None
-            kz.close()
-            raise BackendUnavailable(
-                f"could not connect to ZooKeeper at {self.hosts} within {self.options.connect_timeout:g} s"
-            ) from None
-        try:
-            wait(kz.ensure_path_async(self.layout.base, self.acl), f"create {self.layout.base}", self.timeout)
-        except BaseException:
-            self._kz = None
-            kz.stop()
-            kz.close()
-            raise
-        return kz
+        kz.start_async()  # kazoo connects (and retries) on its own thread; callers wait with their own bound
 
     def session_id(self) -> int | None:
         """Our session id while connected, else ``None``."""
@@ -128,10 +147,20 @@ class Session:
         client_id = kz.client_id
         return int(client_id[0]) if client_id else None
 
-    def wait_connected(self, deadline: float | None) -> int | None:
-        """The session id once connected; ``None`` if ``deadline`` passes first; raises after connect_timeout."""
-        self.client()
-        limit = self._clock() + self.options.connect_timeout
+    def wait_connected(self, end: float | None) -> int:
+        """The session id once connected; raises ``BackendUnavailable`` at ``end`` or after connect_timeout.
+
+        Not :class:`Transient`: a caller that retries connection blips must not retry this, or an outage
+        would hold it beyond its bound.
+        """
+        self.client(end)
+        return self._connection(end)
+
+    def _connection(self, end: float | None) -> int:
+        started = self._clock()
+        limit = started + self.options.connect_timeout
+        if end is not None:
+            limit = min(limit, end)
         while True:
             sid = self.session_id()
             if sid is not None:
@@ -139,33 +168,50 @@ class Session:
             if self.closed:
                 raise BackendUnavailable("this ZooKeeper driver is closed")
             now = self._clock()
-            if deadline is not None and now >= deadline:
-                return None
             if now >= limit:
-                raise Transient(f"no connection to ZooKeeper at {self.hosts} for {self.options.connect_timeout:g} s")
-            self._connected.wait(min(limit, deadline if deadline is not None else limit) - now)
+                raise self.unreachable(f"no connection for {max(0.0, now - started):.3g} s")
+            self._connected.wait(limit - now)
 
-    def call(self, result: Any, what: str, passthrough: tuple[type[BaseException], ...] = ()) -> Any:
-        return wait(result, what, self.timeout, passthrough)
+    def unreachable(self, what: str) -> BackendUnavailable:
+        """The error for a call that ran out of time without ZooKeeper: what happened, and what to do."""
+        return BackendUnavailable(
+            f"could not reach ZooKeeper at {self.hosts} ({what}). Check that the servers are up and reachable "
+            f"from this host. A call waits for a connection or a reply until its own timeout "
+            f"(try_acquire(): {self.connect_grace:g} s) and at most connect_timeout "
+            f"({self.options.connect_timeout:g} s, a zookeeper:// URL option); the client keeps connecting "
+            "in the background, so a later call may succeed"
+        )
+
+    def _wait(self, end: float | None) -> float:
+        """How long to wait for a reply: the session timeout, or less if the caller's ``end`` comes first."""
+        if end is None:
+            return self.timeout
+        return max(0.0, min(self.timeout, end - self._clock()))
+
+    def call(
+        self, result: Any, what: str, passthrough: tuple[type[BaseException], ...] = (), end: float | None = None
+    ) -> Any:
+        """The value of a kazoo async result; ``Transient`` after the session timeout, or at ``end`` if sooner."""
+        return wait(result, what, self._wait(end), passthrough)
 
     def barrier(self) -> None:
         barrier(self.client(), self.timeout)
 
-    def make_parent(self, parent: str) -> None:
+    def make_parent(self, parent: str, end: float | None = None) -> None:
         """Create a lock name's (or presence group's) parent: a container node the server deletes once empty."""
         kz = self.client()
         base = parent.rpartition("/")[0]  # <chroot>/lockkit, or <chroot>/lockkit-presence
         for _ in range(3):
             try:
                 result = create_parent_async(kz, parent, self.acl, self.containers)
-                self.call(result, f"create {parent}", (NodeExistsError, NoNodeError, UnimplementedError))
+                self.call(result, f"create {parent}", (NodeExistsError, NoNodeError, UnimplementedError), end)
                 return
             except NodeExistsError:
                 return
             except UnimplementedError:  # ZooKeeper < 3.5: persistent parents, deleted after use instead
                 self.containers = False
             except NoNodeError:
-                self.call(kz.ensure_path_async(base, self.acl), f"create {base}")
+                self.call(kz.ensure_path_async(base, self.acl), f"create {base}", end=end)
 
     def tidy_parent(self, parent: str) -> None:
         """Without container support, try to delete a parent after use (refused while it has children)."""
@@ -174,17 +220,41 @@ class Session:
 
     # -- contender cleanup --------------------------------------------------------------------
 
-    def abandon(self, parent: str, prefix: str, child: str | None, sid: int | None) -> None:
-        """Delete our contender node (found by its uuid prefix if its name is unknown), with retries.
+    def abandon(
+        self,
+        parent: str,
+        prefix: str,
+        child: str | None,
+        owner: int | None,
+        czxid: int | None = None,
+        *,
+        background: bool = False,
+    ) -> None:
+        """Delete a node we gave up on (found by its uuid prefix if its name is unknown), with retries.
 
-        If the connection is down, the node is deleted when the same session
-        reconnects; if the session ends instead, the server removes it.
+        Only a node whose ``ephemeralOwner`` is ``owner``, the session that created it, and whose czxid
+        is ``czxid`` when known: a node that another client created at the same path (or that our session
+        created anew, e.g. through a client that joined it) is not ours to delete (zk-ruby#34). The owner
+        may be a session we no longer have (kazoo#732): its nodes can outlive our client's connection loop.
+
+        If the connection is down, the node is deleted on the next reconnect; if its session ends
+        first, the server removes it. ``background``: the caller ran out of time with ZooKeeper not
+        answering, so the retries (each up to a session timeout) run on a thread of their own instead of
+        holding it past its bound.
         """
-        kz = self._ready
-        if sid is None or kz is None:
+        if owner is None or self._ready is None:
+            return
+        if background:
+            threading.Thread(
+                target=self.abandon,
+                args=(parent, prefix, child, owner, czxid),
+                name="lockkit-zookeeper-cleanup",
+                daemon=True,
+            ).start()
             return
         for attempt in range(CLEANUP_TRIES):
-            if self.session_id() != sid:
+            kz = self._ready
+            if kz is None or self.session_id() is None:
                 break
             try:
                 names = (
@@ -193,8 +263,12 @@ class Session:
                     else with_prefix(self.call(kz.get_children_async(parent), f"list {parent}", (NoNodeError,)), prefix)
                 )
                 for name in names:
-                    with contextlib.suppress(NoNodeError):
-                        self.call(kz.delete_async(f"{parent}/{name}"), f"delete {parent}/{name}", (NoNodeError,))
+                    path = f"{parent}/{name}"
+                    stat = self.call(kz.exists_async(path), f"read {path}")
+                    if stat is None or stat.ephemeralOwner != owner or czxid not in (None, stat.czxid):
+                        continue  # gone, or another node at our path: not ours to delete
+                    with contextlib.suppress(NoNodeError, BadVersionError):  # BadVersion: written to since: leave it
+                        self.call(kz.delete_async(path, stat.version), f"delete {path}", (NoNodeError, BadVersionError))
                 self.tidy_parent(parent)
                 return
             except NoNodeError:
@@ -205,7 +279,7 @@ class Session:
                 log.warning("lockkit: could not delete our ZooKeeper node under %s", parent, exc_info=True)
                 return
         with self._mutex:
-            self._orphans.append((parent, prefix, child))
+            self._orphans.append((parent, prefix, child, owner, czxid))
 
     # -- waking waiters ------------------------------------------------------------------------
 
@@ -284,8 +358,8 @@ class Session:
             self.leases.reconnected(sid)
             with self._mutex:
                 orphans, self._orphans = self._orphans, []
-            for parent, prefix, child in orphans:
-                self.abandon(parent, prefix, child, sid)
+            for orphan in orphans:
+                self.abandon(*orphan)
 
     def _revive(self) -> None:
         """Restart kazoo's connection loop if it died rather than lost the session.

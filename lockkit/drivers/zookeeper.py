@@ -42,8 +42,12 @@ Guarantees and deviations:
   lock's node is read first (``ephemeralOwner`` and ``czxid``).
 * Session states are lease states (see :mod:`._zk_session`): ``SUSPENDED``
   makes every lock *uncertain* at once and lost after the session timeout;
-  a reconnect restores only locks whose node still exists and is ours;
-  ``LOST`` loses them all.
+  a reconnect restores only locks whose node still exists and is ours
+  (``ephemeralOwner`` and ``czxid``); ``LOST`` loses them all.
+* An unreachable server is a ``BackendUnavailable`` by the caller's bound:
+  waits for a connection or a reply end at the acquire deadline, at
+  :data:`._zk_session.CONNECT_GRACE` (1 s) for ``try_acquire`` and shorter
+  timeouts, and after ``connect_timeout`` at most.
 * Fencing token: the ``czxid`` of our node, a global transaction id, so it
   strictly increases across acquisitions, names and recreated parents.
 * Credentials: ``user:password`` in the URL is sent as a ``digest`` auth and
@@ -65,7 +69,7 @@ from typing import ClassVar
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
-from ..errors import ConfigError
+from ..errors import BackendUnavailable, ConfigError
 from ..lease import token_hint
 from ..urls import BackendURL, parse_options
 from . import _zk_nodes as nodes
@@ -133,24 +137,26 @@ class ZooKeeperDriver(ZooKeeperPresence):
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
         s = self._session
+        # Waits for a connection or a reply stop at ``end``: the deadline, or CONNECT_GRACE from now for a
+        # shorter one (try_acquire), and connect_timeout at most. Past it, an unreachable server is a
+        # BackendUnavailable, not a LockTimeout: nobody was seen holding the lock.
+        end = s.end_of(deadline)
         c = _Contender(self._layout.parent(name), nodes.new_prefix(), token_hint(token).encode())
         wake = threading.Event()
         unhook = s.add_waker(wake.set)
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
-        granted = False
+        granted = unreachable = False
         try:
-            if deadline is not None and self._clock() >= deadline and self._busy(c.parent):
+            if deadline is not None and self._clock() >= deadline and self._busy(c.parent, end):
                 return None  # one attempt and the lock is taken: no need to queue a node
             while True:
                 wake.clear()  # before the check: a cancel from now on sets it again, so no wait can miss it
                 if cancel is not None and cancel.cancelled:
                     return None
                 try:
-                    sid = s.wait_connected(deadline)
-                    if sid is None:
-                        return None
+                    sid = s.wait_connected(end)
                     sent_at = self._clock()
-                    order = nodes.contenders(self._enqueue(c, sid))
+                    order = nodes.contenders(self._enqueue(c, sid, end))
                     if c.child not in order:
                         c.child = None  # our node was deleted (administrator, recreated parent): queue again
                         continue
@@ -162,46 +168,60 @@ class ZooKeeperDriver(ZooKeeperPresence):
                         return Grant(c.czxid, s.timeout, sent_at)
                     predecessor = f"{c.parent}/{order[place - 1]}"
                     watched = s.client().exists_async(predecessor, watch=lambda _event: wake.set())
-                    if s.call(watched, f"watch {predecessor}") is None:
+                    if s.call(watched, f"watch {predecessor}", end=end) is None:
                         continue  # it left between our two reads
-                except Transient:
+                except Transient as exc:
                     if s.closed:
                         raise
-                    wake.wait(0.05)  # wait_connected above bounds an outage by connect_timeout
+                    if end is not None and self._clock() >= end:
+                        raise s.unreachable(f"{exc} by the end of this call's timeout") from exc
+                    wake.wait(0.05)  # a blip: wait_connected above bounds the outage
                     continue
                 left = None if deadline is None else deadline - self._clock()
                 if left is not None and left <= 0:
                     return None
                 wake.wait(left)
+        except BackendUnavailable:
+            unreachable = True
+            raise
         finally:
             unhook()
             if uncancel is not None:
                 uncancel()
             if not granted and (c.child is not None or c.pending):
-                s.abandon(c.parent, c.prefix, None if c.pending else c.child, c.session_id)
+                # After an outage, clean up on a thread: the caller's time is up, and ZooKeeper may not answer.
+                known = not c.pending and c.child is not None
+                s.abandon(
+                    c.parent,
+                    c.prefix,
+                    c.child if known else None,
+                    c.session_id,
+                    c.czxid if known else None,
+                    background=unreachable,
+                )
 
-    def _enqueue(self, c: _Contender, sid: int) -> list[str]:
+    def _enqueue(self, c: _Contender, sid: int, end: float | None) -> list[str]:
         """Make sure our node exists in this session; return the parent's children (read after it)."""
         s = self._session
         kz = s.client()
         if c.session_id == sid and c.child is not None:
             try:
-                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,)))
+                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         if c.session_id == sid and c.pending:
             try:
-                children = list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,)))
+                children = list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 children = []  # no parent, so the create did not go through
             for child in nodes.with_prefix(children, c.prefix):  # the create went through; its reply was lost
-                stat = s.call(kz.exists_async(f"{c.parent}/{child}"), f"read {c.parent}/{child}")
+                stat = s.call(kz.exists_async(f"{c.parent}/{child}"), f"read {c.parent}/{child}", end=end)
                 if stat is not None and stat.ephemeralOwner == sid:
                     c.child, c.czxid, c.pending = child, stat.czxid, False
                     return children
             c.pending = False
         if c.session_id not in (None, sid) and (c.child is not None or c.pending):
-            s.abandon(c.parent, c.prefix, None, sid)  # a node of a session we no longer have (kazoo#732)
+            s.abandon(c.parent, c.prefix, None, c.session_id)  # a node of a session we no longer have (kazoo#732)
         for _ in range(PARENT_RETRIES):
             c.session_id, c.pending, c.child = sid, True, None
             created = kz.create_async(
@@ -209,26 +229,30 @@ class ZooKeeperDriver(ZooKeeperPresence):
             )
             listed = kz.get_children_async(c.parent)  # pipelined: the server answers it after the create
             try:
-                path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,))
+                path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,), end)
             except NoNodeError:
                 c.pending = False  # nothing was created: the parent is missing
-                s.make_parent(c.parent)
+                s.make_parent(c.parent, end)
                 continue
             c.child, c.czxid, c.pending = path.rpartition("/")[2], stat.czxid, False
             try:
-                return list(s.call(listed, f"list {c.parent}", (NoNodeError,)))
+                return list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         raise Transient(f"the parent node {c.parent} keeps disappearing")
 
-    def _busy(self, parent: str) -> bool:
+    def _busy(self, parent: str, end: float | None) -> bool:
         s = self._session
-        s.wait_connected(None)
+        s.wait_connected(end)
         try:
-            children = s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,))
+            children = s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,), end)
             return bool(nodes.contenders(children))
         except NoNodeError:
             return False
+        except Transient as exc:
+            if s.closed:
+                raise
+            raise s.unreachable(f"{exc} within this call's timeout") from exc
 
     def _note_ttl(self, ttl: float) -> None:
         if not self._noted_ttl and abs(ttl - self._session.timeout) > 1e-3:
@@ -311,7 +335,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         sid = s.session_id()
         if sid != entry.session_id:
             if sid is None:
-                s.abandon(entry.parent, entry.prefix, entry.child, entry.session_id)
+                s.abandon(entry.parent, entry.prefix, entry.child, entry.session_id, entry.czxid)
                 raise Transient(
                     "could not release: ZooKeeper is unreachable. The lock node is deleted when the session "
                     "reconnects, or by the server when the session expires"
@@ -344,7 +368,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 version = None  # someone wrote into our node: check it is still ours, then delete that version
             except Transient:
                 if attempt == DELETE_TRIES - 1 or s.session_id() != sid:
-                    s.abandon(entry.parent, entry.prefix, entry.child, sid)
+                    s.abandon(entry.parent, entry.prefix, entry.child, sid, entry.czxid)
                     raise
         return False
 
@@ -353,7 +377,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
     def _lowest(self, name: str) -> tuple[str, list[str]] | None:
         s = self._session
         parent = self._layout.parent(name)
-        s.wait_connected(None)
+        s.wait_connected(None)  # raises after connect_timeout
         try:
             order = nodes.contenders(s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,)))
         except NoNodeError:
