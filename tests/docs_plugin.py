@@ -17,8 +17,10 @@ to one of the runners below:
   (the password prompts read ``PASSWORD``). Any other command (``make``, ``sudo``, ``pip install``, …)
   fails the test: such a block must carry a skip directive.
 - ``toml``: a lockkit.toml (one with ``backends``) is opened with ``lockkit.from_config`` on the parsed and
-  substituted mapping, and each backend whose URL carries no credentials must be reachable; a pyproject.toml
-  fragment must register drivers under lockkit's entry-point group.
+  substituted mapping, and each backend must be reachable; a pyproject.toml fragment must register drivers
+  under lockkit's entry-point group.
+- Credentials: every ``*_PASSWORD`` variable is ``PASSWORD``, and the session's Redis has a user ``app`` with
+  it (the examples' user), so the examples' logins are really made.
 - Other fences (``sql``, output, plain ``````` ``) are not code and are not run.
 
 Directives, an HTML comment right before a fence (invisible where the Markdown is rendered):
@@ -193,6 +195,7 @@ class DocsEnv:
         """``host:port[,host:port…]`` of the session's server standing in for ``kind``."""
         if kind == "redis":
             s = self.request.getfixturevalue("redis_server")
+            _redis_user(s.host, s.port)
             return f"{s.host}:{s.port}"
         if kind == "redlock":
             group = self.request.getfixturevalue("redlock_servers")
@@ -314,16 +317,23 @@ def _runners() -> Any:
 
             mapping = tomllib.loads(env.substitute(test.source))
             with lockkit.from_config(mapping) as locks:
-                results = locks.check()
                 shown = locks.describe()
                 problems = [
                     f"{name} ({shown[name]}): {result}"
-                    for name, result in results.items()
-                    if not isinstance(result, float) and "***" not in shown[name]
+                    for name, result in locks.check().items()
+                    if not isinstance(result, float)
                 ]
             assert not problems, "backends of this lockkit.toml are unreachable: " + "; ".join(problems)
 
     return DocsPython
+
+
+def _redis_user(host: str, port: int) -> None:
+    """The examples' Redis user ``app`` (password ``PASSWORD``), so that their credentials are really checked."""
+    import redis
+
+    with redis.Redis(host=host, port=port) as client:
+        client.execute_command("ACL", "SETUSER", "app", "on", f">{PASSWORD}", "~*", "&*", "+@all")
 
 
 def _check_pyproject(data: dict[str, Any]) -> None:
