@@ -99,6 +99,8 @@ def test_L3_simultaneous_contenders_never_both_win(redlock_servers: RedlockServe
             for t in threads:
                 t.join(5)
             assert len(won) <= 1, "two contenders both won"
+            # Five masters split between two contenders: one of them always has a majority.
+            assert len(won) == 1, "nobody won: a lock that never grants would pass the check above"
             for lock in won:
                 lock.release()
 
@@ -134,14 +136,54 @@ def test_L6_bad_configs_rejected(caplog: pytest.LogCaptureFixture) -> None:
     assert any("even number" in r.getMessage() for r in caplog.records)
 
 
+class _Spy:
+    """MONITOR on one master: the top-level commands that clients (not our scripts) sent it."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+        self.seen: list[str] = []
+        self._conn = raw(server)
+        self._monitor = self._conn.monitor()
+        self._monitor.__enter__()
+        self._marker = f"spy-end-{uuid.uuid4().hex[:8]}"
+        self._reader = threading.Thread(target=self._watch, daemon=True)
+        self._reader.start()
+
+    def _watch(self) -> None:
+        for command in self._monitor.listen():
+            if self._marker in command["command"]:
+                return
+            if command.get("client_type") != "lua":  # the commands our scripts run are atomic: fine
+                self.seen.append(command["command"].split()[0].upper())
+
+    def stop(self) -> list[str]:
+        raw(self.server).echo(self._marker)
+        self._reader.join(5)
+        self._monitor.__exit__(None, None, None)
+        self._conn.close()
+        return self.seen
+
+
 def test_R2_script_flush_on_every_master(redlock_servers: RedlockServers) -> None:
     with lockkit.connect(redlock_servers.url) as locks:
-        lock = locks.lock(name(), ttl=5, auto_renew=False)
+        n = name()
+        lock = locks.lock(n, ttl=5, auto_renew=False)
         lock.acquire()
         for server in redlock_servers:
             raw(server).script_flush()
-        lock.renew()
-        lock.release()
+        spies = [_Spy(server) for server in redlock_servers]
+        time.sleep(0.1)  # MONITOR is live once the server has answered it; give the readers a moment
+        try:
+            lock.renew()
+            lock.release()
+        finally:
+            seen = [spy.stop() for spy in spies]
+        for server, commands in zip(redlock_servers, seen, strict=True):
+            print(f"R-2 commands seen on {server.port}:", commands)
+            assert "SCRIPT" in commands and "EVALSHA" in commands, f"master {server.port}: the script was not reloaded"
+            fallback = {"GET", "DEL", "PEXPIRE", "SET", "EVAL"} & set(commands)
+            assert not fallback, f"master {server.port}: a non-atomic fallback ran ({sorted(fallback)})"
+            assert raw(server).exists(lock_key(n)) == 0
 
 
 async def test_L2_async_majority_down(fresh_redlock: RedlockFactory) -> None:

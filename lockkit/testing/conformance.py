@@ -33,10 +33,15 @@ from lockkit import (
     LockTimeout,
 )
 
+from ..lease import token_hint
 from ._workers import increment_under_lock
 
 HOLD_TTL = 5.0
 SLACK = 2.0  # liveness slack for a loaded 2-core CI machine
+WAKE_HOLD_TTL = 30.0
+"""The holder's TTL in the wake-up tests: a waiter's only timer (its re-check at the holder's expiry) is this far
+away, so a waiter that acquires within SLACK of the release was woken by the release, not by a timer."""
+MAX_HOLD = 2.5
 
 ODD_NAMES = [
     "a",
@@ -68,6 +73,38 @@ def _fences(locker: lockkit.Locker | lockkit.AsyncLocker) -> bool:
     """Whether the locker's (single) backend promises fencing tokens at all (Redlock does not)."""
     (guarantees,) = locker.guarantees().values()
     return bool(guarantees.fencing != "none")
+
+
+def _queued(info: lockkit.HolderInfo) -> bool | None:
+    """Whether the server counts a waiter on the lock; None if the driver does not report waiters (Redlock)."""
+    return None if info.waiters is None else info.waiters >= 1
+
+
+def _wait_until_queued(locks: lockkit.Locker, name: str) -> None:
+    """Return once the server shows a waiter queued on ``name``, so that the release must wake it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        queued = _queued(locks.holder(name))
+        if queued is None:
+            time.sleep(0.5)  # no server-side count to look at: give the waiter time to go to sleep
+            return
+        if queued:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no waiter queued on {name!r} within 10 s")
+
+
+async def _await_until_queued(locks: lockkit.AsyncLocker, name: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        queued = _queued(await locks.holder(name))
+        if queued is None:
+            await asyncio.sleep(0.5)
+            return
+        if queued:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no waiter queued on {name!r} within 10 s")
 
 
 def _overlaps(log: Path) -> list[tuple[float, float]]:
@@ -124,20 +161,24 @@ class ConformanceSuite:
         assert other.lock(name).acquire(timeout=5).valid
 
     def test_waiter_is_woken_by_release(self, locks: lockkit.Locker, other: lockkit.Locker, name: str) -> None:
-        holder = locks.lock(name, ttl=HOLD_TTL)
+        # The holder's lock would last WAKE_HOLD_TTL: only the release can free the waiter within SLACK.
+        holder = locks.lock(name, ttl=WAKE_HOLD_TTL)
         holder.acquire()
         got: list[float] = []
         waiter = threading.Thread(
             target=lambda: got.append((other.lock(name).acquire(timeout=20), time.monotonic())[1])
         )
         waiter.start()
-        time.sleep(0.3)  # let the waiter queue up
+        _wait_until_queued(locks, name)  # the waiter is asleep on the server's queue: the release must wake it
         assert not got
         released = time.monotonic()
         holder.release()
         waiter.join(20)
         assert got, "the waiter was not woken by the release"
-        assert got[0] - released < SLACK, "the waiter was not woken promptly (server-driven wake-up expected)"
+        assert got[0] - released < SLACK, (
+            f"the waiter took {got[0] - released:.2f} s after the release (a server-driven wake-up is expected, "
+            f"the holder's own expiry was {WAKE_HOLD_TTL:g} s away)"
+        )
 
     def test_mutual_exclusion_threads(self, url: str, name: str) -> None:
         counter = {"value": 0, "inside": 0, "overlaps": 0}
@@ -212,14 +253,29 @@ class ConformanceSuite:
     def test_other_holder_cannot_release_or_renew(
         self, locks: lockkit.Locker, other: lockkit.Locker, name: str
     ) -> None:
+        # Two strangers that did hold the lock, each with a token of its own, are no longer the holder: their
+        # release and renew reach the server, whose owner check must refuse them.
+        strangers = []
+        for _ in range(2):
+            stale = other.lock(name, ttl=HOLD_TTL, auto_renew=False)
+            stale.acquire(timeout=5)
+            assert locks.force_release(name)
+            strangers.append(stale)
+        never = other.lock(name, ttl=HOLD_TTL)  # and one that never acquired: refused by the front end
         mine = locks.lock(name, ttl=HOLD_TTL)
-        mine.acquire()
-        stranger = other.lock(name, ttl=HOLD_TTL)
+        lease = mine.acquire(timeout=5)
         with pytest.raises(LockNotOwned):
-            stranger.release()
+            strangers[0].release()
+        assert locks.holder(name).held, "another holder's release deleted our lock"
+        with pytest.raises(LockLost):
+            strangers[1].renew()
         with pytest.raises(LockNotOwned):
-            stranger.renew()
-        assert mine.owned() and locks.holder(name).held
+            never.release()
+        with pytest.raises(LockNotOwned):
+            never.renew()
+        info = locks.holder(name)
+        assert mine.owned() and lease.valid and info.held
+        assert info.token_hint in (None, token_hint(lease.token)), "the lock is no longer ours"
         mine.release()
 
     def test_stale_release_never_deletes_new_holder(  # C-9
@@ -270,13 +326,23 @@ class ConformanceSuite:
         lease = lock.acquire()
         if locks.guarantees()[locks.backends()[0]].lifetime == "session":
             pytest.skip("session-bound locks live as long as their session, not a per-lock TTL")
-        started = time.monotonic()
+        deadline = lease.expires_at  # our lease's promise: nobody else holds the lock before this instant
         second = other.lock(name, ttl=HOLD_TTL).acquire(timeout=lease.ttl + SLACK + 1)
-        waited = time.monotonic() - started
+        got_at = time.monotonic()
         assert second.valid and not lease.valid
-        assert waited >= lease.remaining() - 0.05
+        assert got_at >= deadline, f"another holder got the lock {deadline - got_at:.3f} s before our deadline"
         with pytest.raises(LockLost):
             lock.renew()
+
+    def test_max_hold_stops_renewal(self, locks: lockkit.Locker, other: lockkit.Locker, name: str) -> None:
+        lost = threading.Event()
+        lock = locks.lock(name, ttl=1.0, max_hold=MAX_HOLD, on_lost=lambda lease: lost.set())
+        lease = lock.acquire(timeout=5)
+        assert lost.wait(MAX_HOLD + lease.ttl + SLACK + 1), "max_hold did not stop the renewals"
+        assert "max_hold" in (lease.lost_reason or "") and not lease.valid
+        assert time.monotonic() >= lease.acquired_at + MAX_HOLD, "the lock was let go before max_hold"
+        if locks.guarantees()[locks.backends()[0]].lifetime != "session":  # a session lock lives with its session
+            assert other.lock(name, ttl=HOLD_TTL).acquire(timeout=lease.ttl + SLACK).valid, "still renewed"
 
     def test_with_block(self, locks: lockkit.Locker, name: str) -> None:
         lock = locks.lock(name, ttl=HOLD_TTL)
@@ -412,15 +478,16 @@ class AsyncConformanceSuite:
     async def test_waiter_is_woken_by_release(
         self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
     ) -> None:
-        holder = locks.lock(name, ttl=HOLD_TTL)
+        holder = locks.lock(name, ttl=WAKE_HOLD_TTL)  # only the release can free the waiter within SLACK
         await holder.acquire()
         waiter = asyncio.ensure_future(other.lock(name).acquire(timeout=20))
-        await asyncio.sleep(0.3)
+        await _await_until_queued(locks, name)
         assert not waiter.done()
         released = time.monotonic()
         await holder.release()
         lease = await asyncio.wait_for(waiter, 20)
-        assert lease.valid and time.monotonic() - released < SLACK
+        woken = time.monotonic() - released
+        assert lease.valid and woken < SLACK, f"the waiter took {woken:.2f} s after the release"
 
     async def test_cancelled_acquire_leaves_nothing(  # C-8
         self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
@@ -474,6 +541,23 @@ class AsyncConformanceSuite:
         await other.force_release(name)
         await asyncio.wait_for(lost.wait(), lease.ttl + SLACK)
         assert not lease.valid
+
+    async def test_max_hold_stops_renewal(
+        self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
+    ) -> None:
+        lost = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_lost(lease: lockkit.Lease) -> None:
+            loop.call_soon_threadsafe(lost.set)
+
+        lock = locks.lock(name, ttl=1.0, max_hold=MAX_HOLD, on_lost=on_lost)
+        lease = await lock.acquire(timeout=5)
+        await asyncio.wait_for(lost.wait(), MAX_HOLD + lease.ttl + SLACK + 1)
+        assert "max_hold" in (lease.lost_reason or "") and not lease.valid
+        assert time.monotonic() >= lease.acquired_at + MAX_HOLD, "the lock was let go before max_hold"
+        if locks.guarantees()[locks.backends()[0]].lifetime != "session":
+            assert (await other.lock(name, ttl=HOLD_TTL).acquire(timeout=lease.ttl + SLACK)).valid, "still renewed"
 
     async def test_bad_input(self, locks: lockkit.AsyncLocker, name: str) -> None:
         with pytest.raises(InvalidLockName):
