@@ -9,7 +9,8 @@ to one of the runners below:
   ``XDG_STATE_HOME`` inside it. The placeholder functions the examples call (``read_stock()``,
   ``write_stock(…, fencing_token=…)``, ``alert(…)``) are defined here (``pytest_markdown_docs_globals``).
   Every locker the block opens with ``lockkit.connect``/``from_config`` and leaves open must reach its
-  backends (``Locker.check()``); then it is closed.
+  backends (``Locker.check()``); then it is closed. A ``${VAR}`` in a URL given to ``connect()`` fails the
+  block: only lockkit.toml expands it, ``connect()`` would send the text.
 - ``sh``: each ``lockkit …`` line runs the venv's lockkit with the same substitution, in that directory, where
   ``./lockkit.toml`` is the last lockkit.toml block above it on the page, and must exit 0. An executable
   ``./report.sh`` is there for the examples (it fails unless ``LOCKKIT_FENCING_TOKEN`` is set). Subcommands
@@ -21,7 +22,7 @@ to one of the runners below:
   under lockkit's entry-point group.
 - Credentials: every ``*_PASSWORD`` variable is ``PASSWORD``, and the session's Redis has a user ``app`` with
   it (the examples' user), so the examples' logins are really made.
-- Other fences (``sql``, output, plain ``````` ``) are not code and are not run.
+- Other fences (``sql``, and fences without a language: output, key layouts, ACL rules) are not run.
 
 Directives, an HTML comment right before a fence (invisible where the Markdown is rendered):
 
