@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import logging
 import os
 import threading
@@ -63,7 +64,9 @@ class RenewalTicket:
     def __init__(self, floor: float, ttl: float) -> None:
         self.floor = floor  # lease_deadline(send time, requested ttl): what it sets at the least, if it lands
         self.ttl = ttl
-        self.cap = floor
+        # The lowest floor of the renewals that overlapped this one. Not its own: its own reply says what the
+        # server really gave (a ZooKeeper renewal reports the session timeout, whatever ttl was asked for).
+        self.cap = math.inf
         self.cap_ttl = ttl
 
     def overlaps(self, other: RenewalTicket) -> None:
@@ -205,11 +208,12 @@ class Lease:
 
     def renewal_unknown(self, ticket: RenewalTicket) -> None:
         """A renewal failed or was abandoned with its outcome unknown: it may have landed, so cap by it."""
+        floor, ttl = (ticket.floor, ticket.ttl) if ticket.floor <= ticket.cap else (ticket.cap, ticket.cap_ttl)
         with self._mutex:
             self._settle(ticket)
-            if ticket.cap < self._expires_at:
-                self._expires_at = ticket.cap
-                self._ttl = min(self._ttl, ticket.cap_ttl)
+            if floor < self._expires_at:
+                self._expires_at = floor
+                self._ttl = min(self._ttl, ttl)
 
     def renewal_refused(self, ticket: RenewalTicket) -> None:
         """The server answered that our token is gone: the ticket is settled (the lease is lost anyway)."""

@@ -28,6 +28,7 @@ import concurrent.futures
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import weakref
@@ -50,6 +51,7 @@ COALESCE_FRACTION = 0.1
 RETRY_FRACTION = 0.1
 MAX_RETRY_DELAY = 1.0
 IDLE_TICK = 1.0
+FAILURE_LOG_INTERVAL = 5.0
 
 
 class RenewTarget(Hashable, Protocol):
@@ -105,6 +107,7 @@ class RenewalBook:
         self._seq = itertools.count()
         self._busy: set[Any] = set()
         self._parked: dict[Any, list[Entry]] = {}
+        self._warned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         # Leases added since the last look: most locks are released long before anything about them is
         # due, so an add is one dict insert and the entry and heap items are made only if it is still held
         # when the scheduler next looks (which it does by the lease's first due time; see the schedulers).
@@ -232,8 +235,16 @@ class RenewalBook:
             self._push(entry)
         if failures:
             first, error = failures[0]
-            # One line per batch: a dead connection fails thousands of renewals at once.
-            log.warning(
+            # One line per batch (a dead connection fails thousands of renewals at once), and at WARNING at most
+            # once per FAILURE_LOG_INTERVAL per backend: retries come every tenth of a ttl, so a suspended
+            # session or a dead server would otherwise write dozens of lines a second. Losses are still logged
+            # one by one, as they happen.
+            target = first.target
+            quiet = now - self._warned.get(target, -math.inf) < FAILURE_LOG_INTERVAL
+            if not quiet:
+                self._warned[target] = now
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
                 "lockkit: renewing %d lock(s) on backend %r failed (%r: %s); retrying until their deadlines",
                 len(failures),
                 getattr(first.target, "name", "?"),

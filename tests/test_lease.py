@@ -153,3 +153,15 @@ def test_backend_registry_does_not_keep_dropped_leases_alive() -> None:
     assert len(registry._leases) < backend_module.PRUNE_AT  # the dead entries were pruned as it grew
     registry.lost("k" * 32, "test")
     assert not kept.valid
+
+
+def test_a_renewal_reply_is_not_capped_by_its_own_request() -> None:
+    """A backend may give more than was asked (ZooKeeper: the session timeout; etcd: whole seconds)."""
+    clock = FakeClock()
+    lease = _lease(clock, ttl=6)
+    ticket = lease.renewal_started(clock.now, 5)
+    assert lease.extend(clock.now, 6, ticket)
+    assert lease.ttl == 6 and lease.expires_at == pytest.approx(lease_deadline(clock.now, 6))
+    unknown = lease.renewal_started(clock.now, 1)
+    lease.renewal_unknown(unknown)  # but one whose outcome is unknown counts at what it asked for
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1))

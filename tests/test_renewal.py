@@ -186,3 +186,22 @@ def test_A1_a_batch_reply_landing_after_a_shorter_direct_renew_cannot_lengthen_t
         book.apply(batches[backend], [lockkit.driver.Grant(fencing_token=1, ttl=30, sent_at=10.0)])  # type: ignore[attr-defined]
         assert lease.expires_at <= 11.1 and lease.ttl == 1
         assert book.next_wakeup() is not None and book.next_wakeup() <= 10.5  # type: ignore[operator]
+
+
+def test_repeated_renewal_failures_warn_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """Retries come every tenth of a ttl: a dead backend must not write dozens of warnings a second."""
+    clock = _Clock()
+    with lockkit.connect("memory://book-warn", clock=clock) as locks:
+        lease = locks.lock("w", ttl=30, auto_renew=False).acquire()
+        backend = locks.backend_for("w")
+        book = RenewalBook(clock)
+        book.add(lease, backend, 30, True, None)
+        clock.now = 10.0
+        with caplog.at_level("DEBUG", logger="lockkit"):
+            for _ in range(20):
+                batches, _ = book.take_due(clock.now)
+                book.apply(batches[backend], [lockkit.BackendUnavailable("down")])
+                clock.now += 1.0  # the next retry (min(1 s, ttl/10))
+        failed = [r for r in caplog.records if "renewing 1 lock(s)" in r.getMessage()]
+        assert len(failed) == 20
+        assert [r.levelname for r in failed].count("WARNING") == 4  # t = 10, 15, 20, 25
