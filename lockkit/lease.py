@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import math
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
