@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .drivers.epoch import OPTION as FENCING_EPOCH
 from .drivers.epoch import parse_epoch
@@ -90,13 +91,26 @@ def settings_for_url(url: str, source: str = "<url>") -> Settings:
     return Settings({DEFAULT_BACKEND: BackendSpec(DEFAULT_BACKEND, url)}, (), DEFAULT_BACKEND, source)
 
 
-def _expand(value: str, where: str, env: Mapping[str, str]) -> str:
+_USERINFO_SAFE = "%!$&'()*+,;=-._~"
+"""Left as they are in a variable expanded into a URL's user name or password: everything else (``@ : / ? #
+[ ]``, spaces, non-ASCII) is percent-encoded. ``%`` is kept so that a value already percent-encoded, as the
+docs once asked, still means what it meant."""
+
+
+def _expand(value: str, where: str, env: Mapping[str, str], url: bool = False) -> str:
+    # In a URL, the user name and password end at the last "@" after "://": a secret expanded there is
+    # percent-encoded, or a "/" or "@" in it would move the host (and print the secret in the error).
+    scheme_end = value.find("://") + 3 if url and "://" in value else -1
+    userinfo_end = value.rfind("@") if scheme_end >= 3 else -1
+
     def substitute(match: re.Match[str]) -> str:
         var = match.group(1)
         if var is None:
             return "$"
         if var not in env:
             raise ConfigError(f"{where} uses ${{{var}}}, but the environment variable {var} is not set")
+        if scheme_end <= match.start() < userinfo_end:
+            return quote(env[var], safe=_USERINFO_SAFE)
         return env[var]
 
     return _VAR.sub(substitute, value)
@@ -148,7 +162,12 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
             continue
         if "url" not in table:
             raise ConfigError(f"{where}: missing 'url' (e.g. url = \"redis://localhost:6379/0\")")
-        url = _scalar(table["url"], f"{where} url", env)
+        raw_url = table["url"]
+        url = (
+            _expand(raw_url, f"{where} url", env, url=True)
+            if isinstance(raw_url, str)
+            else _scalar(raw_url, f"{where} url", env)
+        )
         options = {k: _scalar(v, f"{where} {k}", env) for k, v in table.items() if k != "url"}
         if FENCING_EPOCH in options:
             parse_epoch(options[FENCING_EPOCH], where)  # checked here too, so the error names the file and key

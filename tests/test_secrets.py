@@ -99,3 +99,19 @@ def test_unencoded_slash_in_password_says_to_percent_encode() -> None:
     with pytest.raises(lockkit.ConfigError, match="Percent-encode") as info:
         lockkit.connect(f"redis://app:pa/ss-{SECRET}@127.0.0.1:1/0")
     assert SECRET not in _chain(info.value)
+
+
+@pytest.mark.parametrize("char", list(RESERVED))
+def test_password_from_the_environment_may_hold_any_character(char: str) -> None:
+    """${VAR} in a lockkit.toml URL's password is percent-encoded, so a '/' or '@' in the secret works."""
+    password = f"pa{char}ss-{SECRET}" if char != "%" else f"pa%25ss-{SECRET}"
+    from lockkit.config import parse_settings
+
+    settings = parse_settings(
+        {"backends": {"main": {"url": "redis://app:${LK_TEST_PASSWORD}@127.0.0.1:6379/0"}}},
+        "<test>",
+        {"LK_TEST_PASSWORD": password},
+    )
+    parsed = lockkit.urls.parse_url(settings.backends["main"].url)
+    expected = password if char != "%" else f"pa%ss-{SECRET}"
+    assert parsed.password == expected and parsed.hosts == (("127.0.0.1", 6379),)
