@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck servers venv bench clean
+.PHONY: demo test lint typecheck servers venv bench mutants clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: servers $(DEV)
 
 bench: servers $(DEV)
 	$(BIN)/python -m benchmarks
+
+# Mutation testing (CONTRIBUTING.md, "Mutation testing"): mutmut over the pure core, then the curated
+# mutants of scripts/mutants.toml, each on a throw-away copy of HEAD. Fails if a safety mutant survives.
+mutants: servers $(DEV)
+	$(BIN)/python scripts/mutants.py all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

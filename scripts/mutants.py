@@ -288,7 +288,11 @@ def tool(overlay: list[str], rev: str = "HEAD") -> int:
     tree = copy_tree(overlay, rev)
     (tree / "setup.cfg").write_text(mutmut_config(tree))
     (tree / (ISOLATION_PLUGIN + ".py")).write_text(ISOLATION_SOURCE)
-    env = dict(os.environ, PYTHONPATH=str(tree / "mutants"), PYTHONDONTWRITEBYTECODE="1")
+    # mutmut passes the ini addopts on itself as well, and a plugin named there (-p ...) registered twice stops
+    # pytest; and mutmut finds its mutated tree by itself (a PYTHONPATH breaks the imports of its stats run).
+    pyproject = tree / "pyproject.toml"
+    pyproject.write_text(re.sub(r"(?m)^addopts = .*\n", "", pyproject.read_text()))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     mutmut = str(Path(PYTHON).with_name("mutmut"))
     print(f"mutmut over the pure core, on a copy of HEAD in {tree}", flush=True)
     started = time.monotonic()

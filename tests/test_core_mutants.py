@@ -1,0 +1,97 @@
+"""Redlock's arithmetic (lockkit/drivers/_redis_quorum.py), pinned down value by value.
+
+These are pure functions; mutmut (`make mutants`, part a) found that only the Redlock fault tests reached them,
+and those cannot tell a quorum of 3 from one of 2 or a validity off by the drift. Replies are shaped as the
+Lua scripts return them: ACQUIRE ``[1, fence]`` or ``[0, pttl]``, RENEW an integer (-1: not ours).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lockkit.drivers._redis_quorum import (
+    NodeResult,
+    count_ok,
+    count_repeated_misses,
+    quorum,
+    tally_acquire,
+    tally_renew,
+    validity,
+)
+from lockkit.timing import drift
+
+
+def _r(reply: object, epoch: int = 0, repeated: bool = False) -> NodeResult:
+    if isinstance(reply, BaseException):
+        return NodeResult(reply, epoch, repeated)
+    return NodeResult([reply], epoch, repeated)
+
+
+@pytest.mark.parametrize("n, need", [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)])
+def test_quorum_is_a_strict_majority(n: int, need: int) -> None:
+    assert quorum(n) == need
+
+
+def test_validity_subtracts_the_round_trip_and_the_drift() -> None:
+    assert validity(10.0, 0.5) == pytest.approx(10.0 - 0.5 - drift(10.0))
+    assert validity(1.0, 0.0) == pytest.approx(1.0 - drift(1.0))
+    assert validity(1.0, 1.0) < 0
+
+
+def test_tally_acquire_majority_wins() -> None:
+    results = [_r([1, 0], epoch=i) for i in range(3)] + [_r([0, 1500]), _r(ConnectionError("down"))]
+    tally = tally_acquire(results, 10.0, 0.25)
+    assert tally.granted and tally.won == 3 and tally.reached == 4
+    assert tally.validity == pytest.approx(validity(10.0, 0.25))
+    assert tally.epochs == (0, 1, 2, None, None)
+    assert tally.free_in == 0.0  # the third-soonest-free master is one we won
+
+
+def test_tally_acquire_minority_loses_and_says_when_a_quorum_frees_up() -> None:
+    results = [_r([1, 0]), _r([1, 0]), _r([0, 1500]), _r([0, -1]), _r([0, 3000])]
+    tally = tally_acquire(results, 4.0, 0.1)
+    assert not tally.granted and tally.won == 2 and tally.reached == 5
+    # free in: 0, 0, 1.5, 3.0, 4.0 (a key without expiry counts as a whole ttl): the third is 1.5 s
+    assert tally.free_in == pytest.approx(1.5)
+    assert tally.epochs == (0, 0, None, None, None)
+
+
+def test_tally_acquire_unreachable_masters_are_never_free() -> None:
+    results = [_r([1, 0]), _r(TimeoutError()), _r(TimeoutError()), _r([0, -2]), _r([0, 500])]
+    tally = tally_acquire(results, 4.0, 0.1)
+    assert not tally.granted and tally.reached == 3
+    assert tally.free_in == pytest.approx(0.5)  # 0 (won), 0 (-2: no key), 0.5, inf, inf
+    assert math.isinf(sorted([0.0, 0.0, 0.5, math.inf, math.inf])[3])
+
+
+def test_tally_acquire_without_validity_left_is_not_granted() -> None:
+    results = [_r([1, 0]) for _ in range(5)]
+    assert not tally_acquire(results, 1.0, 1.0).granted
+    assert tally_acquire(results, 1.0, 0.0).granted
+
+
+def test_tally_acquire_reads_the_reply_at_its_index() -> None:
+    results = [NodeResult([[0, 100], [1, 0]], 0) for _ in range(3)]
+    assert tally_acquire(results, 5.0, 0.0, index=1).granted
+    assert not tally_acquire(results, 5.0, 0.0, index=0).granted
+
+
+def test_tally_renew_counts_only_masters_that_did_not_restart() -> None:
+    results = [_r(0, epoch=1), _r(0, epoch=1), _r(0, epoch=2), _r(-1), _r(TimeoutError())]
+    assert tally_renew(results, 0, [1, 1, 1, 0, 0], 5.0, 0.1) == "lost"  # master 2 restarted: 2 of 5
+    assert tally_renew(results, 0, [1, 1, 2, 0, 0], 5.0, 0.1) == "held"
+    assert tally_renew(results, 0, None, 5.0, 0.1) == "held"  # no epochs known: every yes counts
+    assert tally_renew(results, 0, None, 5.0, 5.0) == "lost"  # no validity left
+    unreachable = [_r(0), _r(0), _r(TimeoutError()), _r(TimeoutError()), _r(TimeoutError())]
+    assert tally_renew(unreachable, 0, None, 5.0, 0.1) == "unreachable"
+    refused = [_r(-1), _r(-1), _r(-1), _r(TimeoutError()), _r(TimeoutError())]
+    assert tally_renew(refused, 0, None, 5.0, 0.1) == "lost"
+
+
+def test_count_ok_and_repeated_misses() -> None:
+    results = [_r(1), _r(0), _r(1, repeated=True), _r(0, repeated=True), _r(OSError())]
+    assert count_ok(results) == (2, 4)
+    assert count_repeated_misses(results) == 1
+    assert count_repeated_misses([_r(OSError(), repeated=True)]) == 0
