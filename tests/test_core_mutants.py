@@ -95,3 +95,20 @@ def test_count_ok_and_repeated_misses() -> None:
     assert count_ok(results) == (2, 4)
     assert count_repeated_misses(results) == 1
     assert count_repeated_misses([_r(OSError(), repeated=True)]) == 0
+
+
+def test_tally_renew_looks_at_every_master_whatever_comes_first() -> None:
+    # a master that did not answer, refused, or restarted comes first: the others still count
+    first_down = [_r(TimeoutError()), _r(0), _r(0), _r(0), _r(-1)]
+    assert tally_renew(first_down, 0, None, 5.0, 0.1) == "held"
+    first_refused = [_r(-1), _r(0), _r(0), _r(0), _r(-1)]
+    assert tally_renew(first_refused, 0, None, 5.0, 0.1) == "held"
+    first_restarted = [_r(0, epoch=9), _r(0), _r(0), _r(0), _r(-1)]
+    assert tally_renew(first_restarted, 0, [0, 0, 0, 0, 0], 5.0, 0.1) == "held"
+    # little validity left still counts as held (Redlock's rule: anything above zero)
+    assert tally_renew([_r(0)] * 5, 0, None, 5.0, 4.5) == "held"
+
+
+def test_count_ok_counts_the_true_replies_not_the_others() -> None:
+    assert count_ok([_r(1), _r(1), _r(0), _r(OSError())]) == (2, 3)
+    assert count_repeated_misses([_r(0, repeated=True), _r(0, repeated=True), _r(1, repeated=True)]) == 2
