@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -61,7 +62,7 @@ class _Clock:
 
 def test_book_batches_and_coalesces() -> None:
     clock = _Clock()
-    with lockkit.connect("memory://book", clock=clock) as locks:
+    with lockkit.connect(f"memory://book-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         leases = [locks.lock(f"b{i}", ttl=3, auto_renew=False).acquire() for i in range(3)]
         backend = locks.backend_for("b0")
         book = RenewalBook(clock)
@@ -92,7 +93,7 @@ def test_scheduler_is_per_process_and_clock() -> None:
 
 def test_book_does_not_spin_while_a_batch_is_in_flight() -> None:
     clock = _Clock()
-    with lockkit.connect("memory://book-busy", clock=clock) as locks:
+    with lockkit.connect(f"memory://book-busy-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         leases = [locks.lock(f"s{i}", ttl=3, auto_renew=False).acquire() for i in range(2)]
         backend = locks.backend_for("s0")
         book = RenewalBook(clock)
@@ -109,7 +110,7 @@ def test_book_does_not_spin_while_a_batch_is_in_flight() -> None:
 def test_a_renewal_landing_after_release_does_not_fire_on_lost() -> None:
     clock = _Clock()
     fired: list[str] = []
-    with lockkit.connect("memory://book-release", clock=clock) as locks:
+    with lockkit.connect(f"memory://book-release-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lock = locks.lock("r", ttl=3, auto_renew=False, on_lost=lambda lease: fired.append(lease.name))
         lease = lock.acquire()
         backend = locks.backend_for("r")
@@ -150,7 +151,7 @@ def test_on_lost_may_release_and_acquire_locks_from_the_renewal_thread() -> None
 def test_A1_retune_moves_the_deadline_watch_and_the_renewal_pace_to_the_new_ttl() -> None:
     """After renew(ttl=1) on a 30 s lease the book watches the new deadline and renews every ~1/3 s."""
     clock = _Clock()
-    with lockkit.connect("memory://book-retune", clock=clock) as locks:
+    with lockkit.connect(f"memory://book-retune-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lock = locks.lock("t", ttl=30, auto_renew=False)
         lease = lock.acquire()
         backend = locks.backend_for("t")
@@ -171,7 +172,7 @@ def test_A1_retune_moves_the_deadline_watch_and_the_renewal_pace_to_the_new_ttl(
 
 def test_A1_a_batch_reply_landing_after_a_shorter_direct_renew_cannot_lengthen_the_lease() -> None:
     clock = _Clock()
-    with lockkit.connect("memory://book-overlap", clock=clock) as locks:
+    with lockkit.connect(f"memory://book-overlap-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lock = locks.lock("o", ttl=30, auto_renew=False)
         lease = lock.acquire()
         backend = locks.backend_for("o")
@@ -191,7 +192,7 @@ def test_A1_a_batch_reply_landing_after_a_shorter_direct_renew_cannot_lengthen_t
 def test_repeated_renewal_failures_warn_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     """Retries come every tenth of a ttl: a dead backend must not write dozens of warnings a second."""
     clock = _Clock()
-    with lockkit.connect("memory://book-warn", clock=clock) as locks:
+    with lockkit.connect(f"memory://book-warn-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lease = locks.lock("w", ttl=30, auto_renew=False).acquire()
         backend = locks.backend_for("w")
         book = RenewalBook(clock)
