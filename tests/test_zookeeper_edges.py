@@ -279,3 +279,20 @@ def test_z2_node_recreated_by_our_own_session_during_disconnect_is_not_restored(
     finally:
         ghost.stop()  # closes our (old) session: the test is over
         ghost.close()
+
+
+@pytest.mark.parametrize("timeout", [0.3, 1.5, 2.5])
+def test_acquire_timeout_of_a_held_lock_on_a_healthy_server_is_a_timeout(
+    zookeeper_server: ZooKeeperServer, timeout: float
+) -> None:
+    """Found by the model-based test (A-6): with a timeout above the connect grace, the re-check made at the
+    deadline had no time left for its reply and was reported as an unreachable server."""
+    name = f"held-{uuid.uuid4().hex[:8]}"
+    with lockkit.connect(zookeeper_server.url) as holder, lockkit.connect(zookeeper_server.url) as other:
+        lease = holder.lock(name, ttl=30).acquire(timeout=5)
+        started = time.monotonic()
+        with pytest.raises(lockkit.LockTimeout):
+            other.lock(name, ttl=30).acquire(timeout=timeout)
+        assert time.monotonic() - started >= timeout - 0.05
+        assert lease.valid
+        assert other.holder(name).waiters in (0, None), "the timed-out waiter left its node behind"

@@ -173,7 +173,13 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 except Transient as exc:
                     if s.closed:
                         raise
-                    if end is not None and self._clock() >= end:
+                    now = self._clock()
+                    if deadline is not None and now >= deadline and s.session_id() is not None:
+                        # The caller's time ran out during a read on a live session (a read started at the
+                        # deadline has no time left to be answered in): the lock was not free in time, which
+                        # is a timeout, not an unreachable server.
+                        return None
+                    if end is not None and now >= end:
                         raise s.unreachable(f"{exc} by the end of this call's timeout") from exc
                     wake.wait(0.05)  # a blip: wait_connected above bounds the outage
                     continue
