@@ -11,8 +11,6 @@ Budget (each test stays under the 120 s per-test timeout; the whole file ~100 s 
     LOCKKIT_MODEL_SEED=<n>       mixed into each test's fixed seed (default 0), to explore other sequences
     LOCKKIT_MODEL_SHRINK_SECONDS=<s>  how long Hypothesis may shrink a failure (default 40; every replay runs
                                  in real time, and an unshrunk failure still prints its whole sequence)
-    LOCKKIT_MODEL_STRICT_ZK=1    do not tolerate the known zookeeper acquire(timeout) regression (see
-                                 lockkit.testing.model.TOLERATE_ZK_TIMEOUT_REGRESSION)
 
 e.g. ``LOCKKIT_MODEL_EXAMPLES=50 LOCKKIT_MODEL_STEPS=20 .venv/bin/python -m pytest tests/test_model.py``; with
 either variable set the per-test timeout grows with the budget. Runs are seeded (``@seed``, no example

@@ -79,13 +79,6 @@ this long (cleanups of cancelled calls included)."""
 CHILD_PERIOD = 0.02
 CHILD_START_TIMEOUT = 20.0
 
-TOLERATE_ZK_TIMEOUT_REGRESSION = os.environ.get("LOCKKIT_MODEL_STRICT_ZK") != "1"
-"""Known bug, found by this machine on main after afb7b98: on zookeeper://, ``acquire(timeout=T)`` of a held lock
-raises ``BackendUnavailable`` ("could not list …: ZooKeeper did not answer within 0 s by the end of this call's
-timeout") at T instead of ``LockTimeout``, with a healthy server. Tolerated (as a timeout, and logged in the
-timeline) only in exactly that shape, until it is fixed; ``LOCKKIT_MODEL_STRICT_ZK=1`` turns the tolerance off."""
-_ZK_REGRESSION_TEXT = "by the end of this call's timeout"
-
 ACQUIRE_TTLS = (1.0, 2.0, 3.0)
 RENEW_FACTORS = (None, 0.25, 0.5, 1.0, 1.5)
 """renew(ttl=factor × the lease's ttl), shorter and longer than it (None: the lock's own ttl)."""
@@ -493,29 +486,14 @@ class LockModel(RuleBasedStateMachine):
         key = keys[which % len(keys)]
         return self.clients[key[0]], self.slots[key]
 
-    def call(self, client: Client, call: Callable[[], Any], wait: float | None = None) -> Any:
+    def call(self, client: Client, call: Callable[[], Any]) -> Any:
         """Make one API call; a ``BackendUnavailable`` is expected only while servers restart."""
-        started = self.now()
         try:
             return client.do(call)
         except BackendUnavailable as exc:
-            if self.known_zk_timeout(str(exc), wait, self.now() - started):
-                self.note(f"{client.who}: KNOWN BUG zookeeper acquire(timeout={wait}) raised BackendUnavailable")
-                raise LockTimeout(str(exc)) from exc
             if self.target.restart is None:
                 self.fail(f"{client.who}: unexpected BackendUnavailable with healthy servers: {exc}")
             raise
-
-    def known_zk_timeout(self, text: str, wait: float | None, took: float | None) -> bool:
-        """The shape of the known zookeeper regression (see TOLERATE_ZK_TIMEOUT_REGRESSION)."""
-        return (
-            TOLERATE_ZK_TIMEOUT_REGRESSION
-            and self.target.kind == "zookeeper"
-            and _ZK_REGRESSION_TEXT in text
-            and wait is not None
-            and wait > 0
-            and (took is None or took >= wait - 0.05)
-        )
 
     def lock(self, client: Client, name: str, ttl: float, auto_renew: bool, lost: LostLog, **kw: Any) -> Any:
         return client.locker.lock(name, ttl=ttl, auto_renew=auto_renew, on_lost=lost, **kw)
@@ -583,9 +561,9 @@ class LockModel(RuleBasedStateMachine):
             if how == "try":
                 lease = self.call(c, lock.try_acquire)
             elif how == "timeout":
-                lease = self.call(c, lambda: lock.acquire(timeout=wait), wait)
+                lease = self.call(c, lambda: lock.acquire(timeout=wait))
             else:
-                lease = self.call(c, lock.acquire, wait)
+                lease = self.call(c, lock.acquire)
         except LockTimeout:
             lease = None
         except BackendUnavailable:
@@ -1006,10 +984,6 @@ class ChildRules(LockModel):
         if not child.wait_for(lambda: child.rec is not None or child.timed_out or bool(child.errors),
                               CHILD_START_TIMEOUT + timeout):
             self.fail(f"{who} neither acquired nor timed out\n{child.stderr_tail()}")
-        if child.errors and child.rec is None and self.known_zk_timeout(child.errors[0], timeout, None):
-            self.note(f"{who}: KNOWN BUG zookeeper acquire(timeout={timeout}) raised BackendUnavailable")
-            child.errors.clear()
-            child.timed_out = True
         self.check_child(child)
         if child.rec is None:
             self.note(f"{who} acquire {n[-1]} (timeout {timeout}): not free")
