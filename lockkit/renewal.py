@@ -277,8 +277,15 @@ class RenewalBook:
         entry.next_renew = now + min(MAX_RETRY_DELAY, lease.ttl * RETRY_FRACTION)
         return result
 
-    def expire(self, entries: Sequence[Entry]) -> None:
-        """Fire ``on_lost`` for leases whose deadline passed (their ``state`` already reads LOST)."""
+    def expire(self, entries: Sequence[Entry]) -> list[Entry]:
+        """Fire ``on_lost`` for leases whose deadline passed (their ``state`` already reads LOST).
+
+        Returns the entries whose lock the server would otherwise keep: on a backend whose locks live with the
+        client's session (etcd's shared lease, a ZooKeeper session), a lease that ends at its own deadline
+        (max_hold, auto_renew off, no renewal in time) is still held there for as long as the client's other
+        activity keeps the session alive. The scheduler releases those (owner-checked) off its own thread.
+        """
+        to_release: list[Entry] = []
         for entry in entries:
             if not entry.auto_renew:
                 reason = "its TTL passed (auto_renew is off)"
@@ -288,11 +295,26 @@ class RenewalBook:
                 reason = "no renewal succeeded before the lease's deadline"
             if entry.lease.mark_lost(reason):
                 entry.target.stats.count("losses")
+                if _session_bound(entry.target):
+                    to_release.append(entry)
+        return to_release
 
     def entries(self) -> list[Entry]:
         if self._incoming:
             self._admit()
         return list(self._entries.values())
+
+
+def _session_bound(target: Any) -> bool:
+    try:
+        return bool(target.guarantees.lifetime == "session")
+    except Exception:  # a closed backend: its session is gone, and with it the lock
+        return False
+
+
+def _release_quietly(target: Any, lease: Lease, outcome: bool | BaseException) -> None:
+    if isinstance(outcome, BaseException):
+        log.debug("lockkit: releasing %r after its lease ended failed (%r)", lease.name, outcome)
 
 
 def _settle(entry: Entry, result: Grant | BaseException | None) -> None:
@@ -365,9 +387,18 @@ class RenewalScheduler:
                     self._cond.wait(max(0.001, wake_at - now))
                     self._planned = None
                     continue
-            self.book.expire(expired)
+            for entry in self.book.expire(expired):
+                self._pool.submit(self._release_ended, entry.target, entry.lease)
             for target, batch in batches.items():
                 self._pool.submit(self._renew_batch, target, batch)
+
+    def _release_ended(self, target: Any, lease: Lease) -> None:
+        """Free a session-bound lock whose lease ended (see :meth:`RenewalBook.expire`); owner-checked."""
+        try:
+            outcome: bool | BaseException = target.driver.release(lease.name, lease.token)
+        except Exception as exc:  # best effort: the session's end frees it otherwise
+            outcome = exc
+        _release_quietly(target, lease, outcome)
 
     def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:
@@ -413,7 +444,10 @@ class AsyncRenewalScheduler:
         idle_since_last_look = False
         while True:
             batches, expired = self.book.take_due(self.book.clock())
-            self.book.expire(expired)
+            for entry in self.book.expire(expired):
+                task = asyncio.get_running_loop().create_task(self._release_ended(entry.target, entry.lease))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
             for target, batch in batches.items():
                 task = asyncio.get_running_loop().create_task(self._renew_batch(target, batch))
                 self._batches.add(task)
@@ -434,6 +468,16 @@ class AsyncRenewalScheduler:
                 await wait_event(self._wakeup, max(0.001, wake_at - now))
             finally:
                 self._planned = None
+
+    async def _release_ended(self, target: Any, lease: Lease) -> None:
+        """As :meth:`RenewalScheduler._release_ended`, awaited."""
+        try:
+            outcome: bool | BaseException = await target.driver.release(lease.name, lease.token)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            outcome = exc
+        _release_quietly(target, lease, outcome)
 
     async def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:

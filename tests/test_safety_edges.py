@@ -275,3 +275,23 @@ def test_suspension_reported_before_the_lease_is_tracked_is_not_dropped() -> Non
     backend.uncertain(lost_then_suspended.token, "session suspended")
     backend.track(lost_then_suspended)
     assert lost_then_suspended.state is lockkit.LeaseState.LOST
+
+
+@pytest.mark.parametrize("backend", ["zookeeper", "etcd"])
+def test_max_hold_frees_a_session_bound_lock_while_the_session_lives_on(
+    request: pytest.FixtureRequest, backend: str
+) -> None:
+    """max_hold ends the lease; on etcd and ZooKeeper the lock must not stay on the server with the session.
+
+    Another lock of the same client is renewed all along, so the session (etcd's shared lease, the ZooKeeper
+    session) stays alive: only a release can free the ended lock.
+    """
+    url = _url(request, backend)
+    name = _name("maxhold")
+    with lockkit.connect(url) as first, lockkit.connect(url) as second:
+        keeper = first.lock(_name("keeper"), ttl=2).acquire(timeout=5)
+        lost: list[Lease] = []
+        lease = first.lock(name, ttl=2, max_hold=1, on_lost=lost.append).acquire(timeout=10)
+        taken = second.lock(name, ttl=2).acquire(timeout=lease.ttl + 1 + 6)
+        assert taken.valid and lost and not lease.valid
+        assert keeper.valid, "the client's other lock must be unaffected"
