@@ -102,6 +102,10 @@ def _expand(value: str, where: str, env: Mapping[str, str], url: bool = False) -
     # percent-encoded, or a "/" or "@" in it would move the host (and print the secret in the error).
     scheme_end = value.find("://") + 3 if url and "://" in value else -1
     userinfo_end = value.rfind("@") if scheme_end >= 3 else -1
+    # "redis://${CREDS}@host" with CREDS=user:pass: when the template writes no ':' of its own in the userinfo,
+    # the variable's first ':' is the user/password separator, as it was before values were encoded.
+    written = _VAR.sub("", value[scheme_end:userinfo_end]) if userinfo_end > scheme_end else ""
+    safe = _USERINFO_SAFE if ":" in written else _USERINFO_SAFE + ":"
 
     def substitute(match: re.Match[str]) -> str:
         var = match.group(1)
@@ -110,6 +114,9 @@ def _expand(value: str, where: str, env: Mapping[str, str], url: bool = False) -
         if var not in env:
             raise ConfigError(f"{where} uses ${{{var}}}, but the environment variable {var} is not set")
         if scheme_end <= match.start() < userinfo_end:
+            if safe.endswith(":"):
+                user, colon, password = env[var].partition(":")
+                return quote(user, safe=_USERINFO_SAFE) + colon + quote(password, safe=_USERINFO_SAFE)
             return quote(env[var], safe=_USERINFO_SAFE)
         return env[var]
 

@@ -63,8 +63,8 @@ def redact(url: str) -> str:
     path, and be shown in full. Masking too much (an ``@`` in a query value) hides a host name, never a secret.
     """
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
+    if not sep or "@" not in rest or rest.startswith("/"):
+        return url  # no authority ("file:///dir@x"): no userinfo either
     userinfo, _, hosts = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     if any(stop in user for stop in "/?#"):
@@ -110,18 +110,24 @@ def parse_url(url: object) -> BackendURL:
     netloc = url.split("://", 1)[1]
     for stop in "/?#":
         netloc = netloc.split(stop, 1)[0]
-    if "@" not in netloc and "@" in url.split("://", 1)[1]:
-        raise ConfigError(
-            f"cannot tell the user name and password from the host in {shown!r}: an '@' follows a '/', '?' or "
-            "'#'. Percent-encode those characters in the password (urllib.parse.quote(password, safe=''))"
-        )
     username = password = None
-    if "@" in netloc:
+    had_userinfo = "@" in netloc
+    if had_userinfo:
         userinfo, _, netloc = netloc.rpartition("@")
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
-    hosts = tuple(_parse_host(part, shown) for part in netloc.split(",")) if netloc else ()
+    try:
+        hosts = tuple(_parse_host(part, shown) for part in netloc.split(",")) if netloc else ()
+    except ConfigError as exc:
+        if had_userinfo or "@" not in url.split("://", 1)[1]:
+            raise
+        # The host part does not parse and an '@' comes later: most likely a password with an unencoded '/',
+        # '?' or '#' (which ends the host part early). ``shown`` masks up to the last '@' either way.
+        raise ConfigError(
+            f"{exc}. If the URL has a password with '/', '?', '#' or '@' in it: Percent-encode them "
+            "(urllib.parse.quote(password, safe=''))"
+        ) from None
     options: dict[str, str] = {}
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))

@@ -115,3 +115,30 @@ def test_password_from_the_environment_may_hold_any_character(char: str) -> None
     parsed = lockkit.urls.parse_url(settings.backends["main"].url)
     expected = password if char != "%" else f"pa%ss-{SECRET}"
     assert parsed.password == expected and parsed.hosts == (("127.0.0.1", 6379),)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "file:///tmp/lockkit-user@corp.example",
+        "memory://x?group=a@b",
+        "redis://127.0.0.1:6379/0?client_name=a@b",
+    ],
+)
+def test_an_at_sign_outside_the_authority_is_not_a_password(url: str) -> None:
+    """Review finding: the percent-encode check refused URLs whose '@' sits in a path or a query."""
+    parsed = lockkit.urls.parse_url(url)
+    assert parsed.password is None and parsed.username is None
+    if url.startswith("file:"):
+        assert lockkit.urls.redact(url) == url
+
+
+def test_a_variable_holding_user_and_password_still_splits_at_its_colon() -> None:
+    """Review finding: "redis://${CREDS}@host" with CREDS=user:pass must stay user 'app', password 'p/w:x'."""
+    from lockkit.config import parse_settings
+
+    settings = parse_settings(
+        {"backends": {"main": {"url": "redis://${CREDS}@127.0.0.1:6379/0"}}}, "<test>", {"CREDS": f"app:p/w:x{SECRET}"}
+    )
+    parsed = lockkit.urls.parse_url(settings.backends["main"].url)
+    assert (parsed.username, parsed.password) == ("app", f"p/w:x{SECRET}")
