@@ -85,6 +85,10 @@ PARENT_RETRIES = 3
 DELETE_TRIES = 3
 
 
+DEADLINE_SLOP = 0.005
+"""A wait that returns this close to the deadline counts as having reached it."""
+
+
 @dataclass
 class _Contender:
     """One acquisition's node while it queues."""
@@ -153,6 +157,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 wake.clear()  # before the check: a cancel from now on sets it again, so no wait can miss it
                 if cancel is not None and cancel.cancelled:
                     return None
+                checked_at = self._clock()
                 try:
                     sid = s.wait_connected(end)
                     sent_at = self._clock()
@@ -174,10 +179,10 @@ class ZooKeeperDriver(ZooKeeperPresence):
                     if s.closed:
                         raise
                     now = self._clock()
-                    if deadline is not None and now >= deadline and s.session_id() is not None:
-                        # The caller's time ran out during a read on a live session (a read started at the
-                        # deadline has no time left to be answered in): the lock was not free in time, which
-                        # is a timeout, not an unreachable server.
+                    if deadline is not None and checked_at >= deadline - DEADLINE_SLOP and s.session_id() is not None:
+                        # The re-check made once the caller's time was up had no time left for its reply: the lock
+                        # was not free in time, a timeout. (A read started earlier that got no answer by the
+                        # deadline is a silent server, reported below.)
                         return None
                     if end is not None and now >= end:
                         raise s.unreachable(f"{exc} by the end of this call's timeout") from exc
