@@ -442,3 +442,20 @@ def test_fencing_epoch_needs_fencing_and_no_migration(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"migrate\.to = 'new'.*fencing_epoch"):
         lockkit.from_config(path)
+
+
+def test_leases_never_released_do_not_pile_up(tmp_path: Path, lockers: Callable[[Any], lockkit.Locker]) -> None:
+    """Review finding: the migrate driver kept the token of every lease that was never released, forever."""
+    from lockkit.drivers.migrate import PRUNE_AT, MigrateDriver
+
+    pair = Pair((tmp_path / "old").as_uri(), (tmp_path / "new").as_uri(), lambda role: None)
+    path = tmp_path / "lockkit.toml"
+    path.write_text(_toml(pair, "new", 5.0))
+    locker = lockers(path)
+    for i in range(3 * PRUNE_AT):
+        locker.lock(f"fire-and-forget-{i}", ttl=0.05, auto_renew=False).acquire(timeout=5)
+    time.sleep(0.2)  # every one of them has ended
+    locker.lock("one-more", ttl=5).acquire(timeout=5)
+    driver = locker.migrations()["main"]
+    assert isinstance(driver, MigrateDriver)
+    assert len(driver._held) <= 2 * PRUNE_AT, len(driver._held)  # ended ones are dropped as acquires go by

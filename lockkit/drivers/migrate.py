@@ -65,6 +65,9 @@ from ..errors import BackendUnavailable, ConfigError, LockError, LockLost
 from ..timing import lease_deadline
 from .epoch import EPOCH_SHIFT, composite_token
 
+PRUNE_AT = 256
+"""How many held-lease entries a migrate driver keeps before it drops the ended ones (and then twice as many)."""
+
 __all__ = [
     "EPOCH_SHIFT",
     "PHASES",
@@ -157,7 +160,10 @@ class MigrateDriver:
         self._fenced_off: tuple[type[LockError], str] | None = None
         self._generation = 0
         """Bumped by every fence-off: a lease granted under an older generation is never renewed again."""
-        self._held: dict[str, tuple[int, int]] = {}
+        # token -> (fencing token, generation granted in, when its lease ends at the latest); entries whose lease
+        # ended are dropped as acquires go by, so leases that are never released do not pile up.
+        self._held: dict[str, tuple[int, int, float]] = {}
+        self._prune_at = PRUNE_AT
         """token -> (fencing token handed out, generation it was granted under)."""
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -306,7 +312,7 @@ class MigrateDriver:
         with self._mutex:
             first = self._fenced_off is None
             self._fenced_off = (kind, reason)
-            lost = [token for token, (_, generation) in self._held.items() if generation == self._generation]
+            lost = [token for token, (_, generation, _) in self._held.items() if generation == self._generation]
             self._generation += 1
         if first:
             log.error("lockkit: %s; refusing new locks and reporting %d held lock(s) lost", reason, len(lost))
@@ -360,7 +366,8 @@ class MigrateDriver:
             with self._mutex:
                 reason, capped = self._not_counted(generation, grant.sent_at, grant.ttl)
                 if not reason:
-                    self._held[token] = (fence, generation)
+                    self._forget_ended()
+                    self._held[token] = (fence, generation, grant.sent_at + capped)
                     return Grant(fence, capped, grant.sent_at)
                 fenced = self._fenced_error()
             # The grant does not count: give the lock back, then check the fleet again (in _admit) and wait on,
@@ -392,6 +399,13 @@ class MigrateDriver:
             self._release_all(taken, name, token)
             raise
         return fence, Grant(fence, min(g.ttl for g in grants), min(g.sent_at for g in grants))
+
+    def _forget_ended(self) -> None:
+        """Caller holds ``_mutex``: drop the leases whose deadline passed (their front end already reads lost)."""
+        now = self._ctx.clock()
+        if len(self._held) >= self._prune_at:
+            self._held = {t: h for t, h in self._held.items() if h[2] > now}
+            self._prune_at = 2 * len(self._held) + PRUNE_AT
 
     def _release_all(self, drivers: Sequence[Driver], name: str, token: str) -> None:
         for driver in reversed(drivers):
@@ -429,6 +443,8 @@ class MigrateDriver:
             results = [batch[i] for batch in per_driver]
             errors = [r for r in results if isinstance(r, Exception)]
             if any(r is None for r in results):
+                with self._mutex:
+                    self._held.pop(request.token, None)
                 self._release_all(
                     [d for d, r in zip(self._order(), results, strict=True) if isinstance(r, Grant)],
                     request.name,
@@ -444,6 +460,8 @@ class MigrateDriver:
                     held = self._held.get(request.token)
                     reason, capped = self._not_counted(held[1] if held else generation, sent_at, ttl)
                     fence = held[0] if held else grants[0].fencing_token
+                    if held is not None and not reason:
+                        self._held[request.token] = (held[0], held[1], sent_at + capped)
                 # Not counted: the server side stays extended until its TTL, but the lease is not.
                 outcome[request.token] = (
                     LockLost(f"{reason}; the lease is not renewed") if reason else Grant(fence, capped, sent_at)
