@@ -75,12 +75,11 @@ class Backend(Generic[D]):
             if len(self._leases) >= self._prune_at:
                 self._prune()
             early = self._early.pop(lease.token, None) if self._early else None
-        if early is None:
-            return
-        lost, reason = early
-        if not lost:
-            lease.mark_uncertain(reason)
-        elif lease.mark_lost(reason):
+            if early is not None and not early[0]:
+                # Under the mutex (it takes only the lease's own and runs no callbacks): a restored() that
+                # comes right after must find the lease UNCERTAIN already, or it would be lost in between.
+                lease.mark_uncertain(early[1])
+        if early is not None and early[0] and lease.mark_lost(early[1]):
             self.stats.count("losses")
 
     def forget(self, lease: Lease) -> None:
@@ -128,12 +127,13 @@ class Backend(Generic[D]):
         lease.mark_uncertain(reason)
 
     def restored(self, token: str) -> None:
-        lease = self._find(token)
-        if lease is None:
-            with self._mutex:
+        with self._mutex:  # with track(): the lease is found, or its early suspension is cancelled, never neither
+            ref = self._leases.get(token)
+            lease = None if ref is None else ref()
+            if lease is None:
                 if self._early.get(token, (True, ""))[0] is False:
                     del self._early[token]
-            return
+                return
         lease.mark_restored()
 
     def __repr__(self) -> str:

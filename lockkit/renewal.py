@@ -33,7 +33,7 @@ import os
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._aio import wait_event
@@ -69,7 +69,6 @@ class Entry:
     stop_renewing_at: float | None
     next_renew: float
     in_flight: bool = False
-    sent_at: float = field(default=0.0)
     ticket: RenewalTicket | None = None
     """The lease's note of the batch renewal in flight (see :meth:`Lease.renewal_started`)."""
     version: int = 0
@@ -194,7 +193,6 @@ class RenewalBook:
                 self._parked.setdefault(entry.target, []).append(entry)
                 continue
             entry.in_flight = True
-            entry.sent_at = now
             entry.ticket = entry.lease.renewal_started(now, entry.requested_ttl)
             self._push(entry)  # in flight: only its deadline is queued until the batch completes
             batches.setdefault(entry.target, []).append(entry)

@@ -106,3 +106,11 @@ def test_presence_on_a_missing_directory_raises_backend_unavailable(tmp_path: Pa
         driver.members("g")
     with pytest.raises(BackendUnavailable, match="presence file"):
         driver.announce("g", "m", "v", 5)
+
+
+def test_a_presence_group_too_big_for_its_record_is_a_lock_error(tmp_path: Path) -> None:
+    """Review finding: the record's size limit escaped as a raw ValueError from announce."""
+    driver = FileDriver.from_url(parse_url((tmp_path / "p").as_uri()), DriverContext())
+    with pytest.raises(BackendUnavailable, match="cannot hold this group"):
+        for i in range(1000):
+            driver.announce("big", f"member-{i}", "x" * 200, 30)

@@ -368,13 +368,23 @@ class FileDriver:
             except (_file_record.CorruptRecord, OSError) as exc:
                 raise BackendUnavailable(f"presence file {path} is unreadable ({exc}); delete it") from None
             now = time.monotonic()
-            live = {m: r for m, r in (raw or {}).items() if self._present(group, m, r, now)}
+            try:
+                live = {m: r for m, r in (raw or {}).items() if self._present(group, m, r, now)}
+            except (TypeError, ValueError, AttributeError) as exc:  # checksummed but not what this version writes
+                raise BackendUnavailable(
+                    f"presence file {path} holds a record this version cannot read ({exc}); delete it"
+                ) from None
             self._sightings = {k: t for k, t in self._sightings.items() if k[0] != group or k[1] in live}
             yield live
             try:
                 _file_record.write(fd, seq, live, self._options.fsync)
             except OSError as exc:
                 raise BackendUnavailable(f"cannot write presence file {path}: {exc.strerror}") from None
+            except ValueError as exc:  # more members than one record slot holds
+                raise BackendUnavailable(
+                    f"presence file {path} cannot hold this group any more ({exc}); use fewer members per group, "
+                    "or a server backend for the migration's presence records"
+                ) from None
         finally:
             os.close(fd)
 
