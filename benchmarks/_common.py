@@ -1,7 +1,7 @@
 """What bench_redis.py, bench_etcd.py and bench_zookeeper.py share: interleaved timing and the CLI scaffolding.
 
 The contention harness (4 processes, start barrier, ~1 ms busy hold, handoffs / fairness / waits / token
-order) is :mod:`lockkit.contention`, the same one ``lockkit bench`` runs; it is re-exported here. Each
+order) is :mod:`lockkit.cli.contention`, the same one ``lockkit bench`` runs; it is re-exported here. Each
 benchmark puts the repository root on ``sys.path`` before importing this module, and ``spawn`` hands the
 parent's ``sys.path`` to the contending children, so an opener defined in a benchmark module (kazoo's
 ``Lock`` in bench_zookeeper.py) is importable there.
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lockkit.contention import Contender, Contention, LockkitContender, contention, pct
+from lockkit.cli.contention import Contender, Contention, LockkitContender, contention, pct
 
 __all__ = [
     "Contender", "Contention", "LockkitContender", "contention", "driver_args", "hosts", "interleave",

@@ -11,7 +11,7 @@ free loopback port (default server flags: 2 s minimum lease TTL).
   lease plus one delete.
 * **lockkit**: ``lock.acquire()`` + ``lock.release()`` uncontended (auto-renew
   on, the session lease already granted), medians, p99 and the ratio to the floor.
-* **contention** (lockkit/contention.py, the Redis issue's rules): 4 processes
+* **contention** (lockkit/cli/contention.py, the Redis issue's rules): 4 processes
   loop acquire → ~1 ms busy hold → release on one name; handoffs/s (an
   acquisition by a different process than the previous holder), fairness,
   p50/p99/max wait, and whether the fencing tokens (the waiters' creation
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lockkit
 from backends.servers import EtcdServer
 from benchmarks._common import contention, hosts, interleave, latency_table, run_driver, show
-from lockkit.drivers._etcd_client import EtcdClient, cmp_created, delete_op, rpc
 from lockkit.drivers.etcd import EtcdDriver
+from lockkit.drivers.etcd.client import EtcdClient, cmp_created, delete_op, rpc
 
 
 def latency(url: str, rounds: int) -> dict[str, list[float]]:

@@ -8,7 +8,7 @@ Starts its own throw-away servers on loopback (backends/servers.py). Three parts
 1. Uncontended acquire+release on distinct names, alternating in blocks of 10 with the raw
    floor (redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete, script preloaded):
    median and p99 per operation, ratios of medians against the floor.
-2. 4 processes contending on one name, each holding ~1 ms (lockkit/contention.py, shared
+2. 4 processes contending on one name, each holding ~1 ms (lockkit/cli/contention.py, shared
    with the etcd and ZooKeeper benchmarks): handoffs/s (an acquisition by a different
    process than the previous holder), fairness (fewest/most acquisitions per process),
    p50/p99/max wait, and whether the fencing tokens rise in acquisition order (redis://;

@@ -11,7 +11,7 @@ a free loopback port (tickTime 200 ms).
   parent plus ``delete``. kazoo's own ``Lock`` recipe is measured beside it.
 * **lockkit**: ``lock.acquire()`` + ``lock.release()`` uncontended (auto-renew
   on, session open), medians, p99 and the ratios to the floor.
-* **contention** (lockkit/contention.py, the Redis issue's rules): 4 processes
+* **contention** (lockkit/cli/contention.py, the Redis issue's rules): 4 processes
   (4 sessions) loop acquire → ~1 ms busy hold → release on one name, lockkit
   and then kazoo's ``Lock``, each process with its own client; handoffs/s,
   fairness, p50/p99/max wait, and whether grants followed queue order: for

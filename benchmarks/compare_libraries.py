@@ -277,7 +277,7 @@ class KazooLock(_KazooImpl):
 
 class EtcdFloor(Impl):
     def __init__(self, ep: dict[str, Any]) -> None:
-        from lockkit.drivers._etcd_client import EtcdClient, cmp_created, delete_op, rpc
+        from lockkit.drivers.etcd.client import EtcdClient, cmp_created, delete_op, rpc
 
         self.rpc, self.cmp_created, self.delete_op = rpc, cmp_created, delete_op
         self.client = EtcdClient([tuple(ep["etcd"])])

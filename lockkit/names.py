@@ -9,7 +9,7 @@ Each driver documents its own mapping, and every one is injective (two distinct
 names never share a key):
 
 * Redis and Redlock escape exactly ``%``, ``{`` and ``}`` in the UTF-8 text (the
-  braces delimit the Redis Cluster hash tag; see ``drivers/_redis_keys.py``).
+  braces delimit the Redis Cluster hash tag; see ``drivers/redis/keys.py``).
 * etcd and ZooKeeper use :func:`encode_name` below, a percent-encoding of every
   byte outside a small safe set, so a name never contains ``/`` (a path
   separator in both) and never is ``.`` or ``..``; other languages can

@@ -41,15 +41,15 @@ class _Builtin:
 
 
 _BUILTIN: dict[str, _Builtin] = {
-    "memory": _Builtin("lockkit.drivers.memory:MemoryDriver", None),
-    "file": _Builtin("lockkit.drivers.file:FileDriver", None),
-    "redis": _Builtin("lockkit.drivers.redis:RedisDriver", "redis", "redis"),
-    "rediss": _Builtin("lockkit.drivers.redis:RedisDriver", "redis", "redis"),
-    "unix": _Builtin("lockkit.drivers.redis:RedisDriver", "redis", "redis"),
-    "redlock": _Builtin("lockkit.drivers.redlock:RedlockDriver", "redis", "redis"),
-    "zookeeper": _Builtin("lockkit.drivers.zookeeper:ZooKeeperDriver", "zookeeper", "kazoo"),
-    "etcd": _Builtin("lockkit.drivers.etcd:EtcdDriver", "etcd", "pyetcd"),
-    "etcds": _Builtin("lockkit.drivers.etcd:EtcdDriver", "etcd", "pyetcd"),
+    "memory": _Builtin("lockkit.drivers.embedded.memory:MemoryDriver", None),
+    "file": _Builtin("lockkit.drivers.embedded.file:FileDriver", None),
+    "redis": _Builtin("lockkit.drivers.redis.single:RedisDriver", "redis", "redis"),
+    "rediss": _Builtin("lockkit.drivers.redis.single:RedisDriver", "redis", "redis"),
+    "unix": _Builtin("lockkit.drivers.redis.single:RedisDriver", "redis", "redis"),
+    "redlock": _Builtin("lockkit.drivers.redis.redlock:RedlockDriver", "redis", "redis"),
+    "zookeeper": _Builtin("lockkit.drivers.zookeeper.zookeeper_driver:ZooKeeperDriver", "zookeeper", "kazoo"),
+    "etcd": _Builtin("lockkit.drivers.etcd.etcd_driver:EtcdDriver", "etcd", "pyetcd"),
+    "etcds": _Builtin("lockkit.drivers.etcd.etcd_driver:EtcdDriver", "etcd", "pyetcd"),
 }
 
 

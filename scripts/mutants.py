@@ -53,8 +53,8 @@ CORE = [
     "lockkit/names.py",
     "lockkit/urls.py",
     "lockkit/config.py",
-    "lockkit/drivers/_redis_quorum.py",
-    "lockkit/drivers/_redis_flow.py",
+    "lockkit/drivers/redis/quorum.py",
+    "lockkit/drivers/redis/flow.py",
 ]
 CORE_TESTS = [
     "tests/test_lease.py",
@@ -75,7 +75,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _fresh_memory_spaces() -> None:
-    from lockkit.drivers import memory
+    from lockkit.drivers.embedded import memory
 
     memory._spaces.clear()
 '''

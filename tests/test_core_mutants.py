@@ -1,4 +1,4 @@
-"""Redlock's arithmetic (lockkit/drivers/_redis_quorum.py), pinned down value by value.
+"""Redlock's arithmetic (lockkit/drivers/redis/quorum.py), pinned down value by value.
 
 These are pure functions; mutmut (`make mutants`, part a) found that only the Redlock fault tests reached them,
 and those cannot tell a quorum of 3 from one of 2 or a validity off by the drift. Replies are shaped as the
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from lockkit.drivers._redis_quorum import (
+from lockkit.drivers.redis.quorum import (
     NodeResult,
     count_ok,
     count_repeated_misses,

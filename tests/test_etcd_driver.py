@@ -14,7 +14,7 @@ import pytest
 import lockkit
 from backends.servers import EtcdServer, free_port
 from lockkit import BackendUnavailable, ConfigError
-from lockkit.drivers._etcd_keys import lock_key, name_range, prefix_end
+from lockkit.drivers.etcd.keys import lock_key, name_range, prefix_end
 
 ROOT = Path(__file__).resolve().parents[1]
 

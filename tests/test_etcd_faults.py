@@ -26,7 +26,7 @@ import pytest
 import lockkit
 from backends.servers import EtcdServer
 from lockkit import LockLost
-from lockkit.drivers._etcd_keys import name_range
+from lockkit.drivers.etcd.keys import name_range
 from lockkit.timing import drift
 
 SLACK = 0.25
@@ -52,7 +52,7 @@ def lock_keys(server: EtcdServer, name: str, prefix: str = "/lockkit/") -> list[
 
 
 def lease_of(key: str) -> str:
-    """The session lease id (hex) in a lock key (see lockkit.drivers._etcd_keys)."""
+    """The session lease id (hex) in a lock key (see lockkit.drivers.etcd.keys)."""
     return key.rsplit("/", 1)[1].split("-")[0]
 
 
@@ -387,7 +387,7 @@ def test_c7_acquire_reply_lost(etcd_server: EtcdServer, fault_proxy) -> None:  #
 
 C4_HOLDER = textwrap.dedent("""
     import sys, lockkit
-    from lockkit.drivers._etcd_client import rpc, cmp_created
+    from lockkit.drivers.etcd.client import rpc, cmp_created
     url, name = sys.argv[1], sys.argv[2]
     locks = lockkit.connect(url)
     lock = locks.lock(name, ttl=1)
@@ -465,7 +465,7 @@ def test_keepalive_fails_over_to_the_next_member(etcd_server: EtcdServer, fault_
 C4_FENCED_HOLDER = textwrap.dedent("""
     import sys, threading, time, lockkit
     from pathlib import Path
-    from lockkit.fencing_store import FencedStore
+    from lockkit.cli.fencing_store import FencedStore
     url, name, store_path, plain = sys.argv[1:5]
     store = FencedStore(store_path)
     locks = lockkit.connect(url)
@@ -502,7 +502,7 @@ C4_FENCED_HOLDER = textwrap.dedent("""
 def test_c4a_c4b_paused_holder_fencing_store(
     etcd_server: EtcdServer, holder_process: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    from lockkit.fencing_store import FencedStore
+    from lockkit.cli.fencing_store import FencedStore
 
     name, store_path, plain = _name(), tmp_path / "store.db", tmp_path / "counter"
     plain.write_text("0")

@@ -22,7 +22,7 @@ import pytest
 import lockkit
 from backends.pytest_fixtures import ProxyFactory
 from backends.servers import EtcdServer
-from lockkit.drivers._etcd_keys import name_range
+from lockkit.drivers.etcd.keys import name_range
 
 LESSOR_TICK = 0.5  # etcd revokes expired leases on a 500 ms tick
 SLACK = 1.0  # generous: the client's gRPC channel reconnects (with backoff) after the proxy resets it

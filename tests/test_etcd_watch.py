@@ -1,4 +1,4 @@
-"""The etcd driver's wake-ups (lockkit/drivers/_etcd_watch.py) against a real etcd: one watch per lock range,
+"""The etcd driver's wake-ups (lockkit/drivers/etcd/watch.py) against a real etcd: one watch per lock range,
 shared by the lock's waiters, never missing a predecessor's delete."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from backends.servers import EtcdServer
-from lockkit.drivers import _etcd_watch
-from lockkit.drivers._etcd_client import EtcdClient, rpc
-from lockkit.drivers._etcd_keys import name_range
+from lockkit.drivers.etcd import watch as etcd_watch
+from lockkit.drivers.etcd.client import EtcdClient, rpc
+from lockkit.drivers.etcd.keys import name_range
 
 
 @pytest.fixture
@@ -25,8 +25,8 @@ def client(etcd_server: EtcdServer) -> Iterator[EtcdClient]:
 
 
 @pytest.fixture
-def watcher(client: EtcdClient) -> Iterator[_etcd_watch.Watcher]:
-    w = _etcd_watch.Watcher(client)
+def watcher(client: EtcdClient) -> Iterator[etcd_watch.Watcher]:
+    w = etcd_watch.Watcher(client)
     yield w
     w.close()
 
@@ -51,7 +51,7 @@ def server_watchers(server: EtcdServer) -> int:
     return int(float(found.group(1)))
 
 
-def test_a_delete_wakes_only_the_waiter_behind_that_key(client: EtcdClient, watcher: _etcd_watch.Watcher) -> None:
+def test_a_delete_wakes_only_the_waiter_behind_that_key(client: EtcdClient, watcher: etcd_watch.Watcher) -> None:
     start, end = lock_range()
     first, second = start + b"a", start + b"b"
     seen = max(put(client, first), put(client, second))
@@ -69,7 +69,7 @@ def test_a_delete_wakes_only_the_waiter_behind_that_key(client: EtcdClient, watc
 
 
 def test_a_delete_delivered_before_the_waiter_subscribed_wakes_it_at_once(
-    client: EtcdClient, watcher: _etcd_watch.Watcher
+    client: EtcdClient, watcher: etcd_watch.Watcher
 ) -> None:
     start, end = lock_range()
     key = start + b"pred"
@@ -94,9 +94,9 @@ def test_one_server_watch_per_lock_shared_by_its_waiters_and_freed_when_idle(
 ) -> None:
     # an etcd of its own: the watcher count below must not move with other tests' clients
     etcd_server = fresh_etcd()
-    monkeypatch.setattr(_etcd_watch, "LINGER", 0.2)
+    monkeypatch.setattr(etcd_watch, "LINGER", 0.2)
     client = EtcdClient([(etcd_server.host, etcd_server.port)])
-    watcher = _etcd_watch.Watcher(client)
+    watcher = etcd_watch.Watcher(client)
     try:
         _watch_sharing_and_reaping(etcd_server, client, watcher)
     finally:
@@ -104,7 +104,7 @@ def test_one_server_watch_per_lock_shared_by_its_waiters_and_freed_when_idle(
         client.close()
 
 
-def _watch_sharing_and_reaping(etcd_server: EtcdServer, client: EtcdClient, watcher: _etcd_watch.Watcher) -> None:
+def _watch_sharing_and_reaping(etcd_server: EtcdServer, client: EtcdClient, watcher: etcd_watch.Watcher) -> None:
     start, end = lock_range()
     seen = put(client, start + b"x")
     before = server_watchers(etcd_server)

@@ -14,7 +14,7 @@ import pytest
 import lockkit
 from lockkit import BackendUnavailable, ConfigError
 from lockkit.driver import DriverContext
-from lockkit.drivers import _file_record
+from lockkit.drivers.embedded import file_record
 from lockkit.drivers.file import FileDriver
 from lockkit.urls import parse_url
 
@@ -43,7 +43,7 @@ def test_a_torn_write_keeps_the_previous_record(driver: FileDriver) -> None:
     path = _record_path(driver, "x")
     fd = os.open(path, os.O_RDWR)
     try:
-        seq, record = _file_record.read(fd)
+        seq, record = file_record.read(fd)
         assert record is not None
         # a crash in the middle of the next write: the slot it was writing holds half a record
         os.pwrite(fd, b"LKR1" + b"\x00" * 7 + b"\x09" + b"\x00\x00\x10\x00" + b"\xff" * 40, ((seq + 1) % 2) * 65536)

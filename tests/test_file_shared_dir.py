@@ -33,7 +33,7 @@ import pytest
 import lockkit
 from lockkit import ConfigError
 from lockkit.driver import DriverContext
-from lockkit.drivers import _file_record
+from lockkit.drivers.embedded import file_record
 from lockkit.drivers.file import FileDriver
 from lockkit.urls import parse_url
 
@@ -179,7 +179,7 @@ def _driver(directory: Path) -> FileDriver:
 def _read_record(path: Path) -> dict[str, Any]:
     fd = os.open(path, os.O_RDONLY)
     try:
-        record = _file_record.read(fd)[1]
+        record = file_record.read(fd)[1]
     finally:
         os.close(fd)
     assert record is not None
@@ -260,9 +260,9 @@ def test_A5_records_written_before_host_identities_are_read_as_this_hosts(lock_d
     def write_old_format(boot: str, expires: float, fence: int) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            seq = _file_record.read(fd)[0]
+            seq = file_record.read(fd)[0]
             old = {"name": "x", "boot": boot, "token": "a" * 32, "expires": expires, "fence": fence, "waiters": []}
-            _file_record.write(fd, seq, old, False)
+            file_record.write(fd, seq, old, False)
         finally:
             os.close(fd)
 
@@ -293,7 +293,7 @@ MOUNTINFO = r"""22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 
 
 def test_A5_mountinfo_gives_the_type_of_the_mount_that_holds_the_directory() -> None:
-    from lockkit.drivers._file_fs import mount_fstype
+    from lockkit.drivers.embedded.file_fs import mount_fstype
 
     assert mount_fstype("/var/lib/app", MOUNTINFO) == "ext4"
     assert mount_fstype("/dev/shm/locks", MOUNTINFO) == "tmpfs"
@@ -310,7 +310,7 @@ def test_A5_mountinfo_gives_the_type_of_the_mount_that_holds_the_directory() -> 
 
 
 def test_A5_network_and_cluster_filesystems_are_recognised() -> None:
-    from lockkit.drivers._file_fs import FUSE_MAGIC, classify
+    from lockkit.drivers.embedded.file_fs import FUSE_MAGIC, classify
 
     ext4, tmpfs = 0xEF53, 0x01021994
     assert classify(0x6969, None) == "nfs"
@@ -331,7 +331,7 @@ def test_A5_network_and_cluster_filesystems_are_recognised() -> None:
 
 
 def test_A5_a_local_directory_is_accepted(tmp_path: Path) -> None:
-    from lockkit.drivers._file_fs import NETWORK_MAGIC, shared_filesystem, statfs_magic
+    from lockkit.drivers.embedded.file_fs import NETWORK_MAGIC, shared_filesystem, statfs_magic
 
     magic = statfs_magic(str(tmp_path))
     assert magic is not None and magic not in NETWORK_MAGIC
@@ -345,9 +345,9 @@ def test_A5_a_local_directory_is_accepted(tmp_path: Path) -> None:
 
 
 def test_A5_a_network_directory_is_refused_unless_single_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lockkit.drivers import _file_fs
+    from lockkit.drivers.embedded import file_fs
 
-    monkeypatch.setattr(_file_fs, "shared_filesystem", lambda directory: "nfs4")
+    monkeypatch.setattr(file_fs, "shared_filesystem", lambda directory: "nfs4")
     url = (tmp_path / "locks").as_uri()
     with pytest.raises(ConfigError, match=r"network filesystem \(nfs4\).*server backend.*single_host=true"):
         lockkit.connect(url)

@@ -27,8 +27,8 @@ import pytest
 
 import lockkit
 from lockkit import ConfigError, LockError, LockLost
+from lockkit.cli.fencing_store import FencedStore
 from lockkit.drivers.migrate import EPOCH_SHIFT
-from lockkit.fencing_store import FencedStore
 
 HOST = socket.gethostname()
 

@@ -15,7 +15,7 @@ import pytest
 import lockkit
 from backends.servers import EtcdServer
 from lockkit import LockLost
-from lockkit.drivers import _file_record
+from lockkit.drivers.embedded import file_record
 
 
 def _etcdctl(server: EtcdServer, *args: str) -> str:
@@ -57,18 +57,18 @@ def test_file_record_with_a_flipped_byte_is_not_trusted(tmp_path: Path) -> None:
     path = tmp_path / "record"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        _file_record.write(fd, 0, {"holder": "a", "fence": 5}, durable=False)  # seq 1, slot 1
-        _file_record.write(fd, 1, {"holder": "b", "fence": 6}, durable=False)  # seq 2, slot 0
-        assert _file_record.read(fd) == (2, {"holder": "b", "fence": 6})
-        raw = bytearray(os.pread(fd, _file_record.SLOT, 0))
+        file_record.write(fd, 0, {"holder": "a", "fence": 5}, durable=False)  # seq 1, slot 1
+        file_record.write(fd, 1, {"holder": "b", "fence": 6}, durable=False)  # seq 2, slot 0
+        assert file_record.read(fd) == (2, {"holder": "b", "fence": 6})
+        raw = bytearray(os.pread(fd, file_record.SLOT, 0))
         at = raw.index(b'"fence":6')
         raw[at + len('"fence":')] = ord("9")  # same length, still valid JSON: only the checksum can tell
         os.pwrite(fd, bytes(raw), 0)
-        assert _file_record.read(fd) == (1, {"holder": "a", "fence": 5}), "a corrupted slot was trusted"
-        raw = bytearray(os.pread(fd, _file_record.SLOT, _file_record.SLOT))
+        assert file_record.read(fd) == (1, {"holder": "a", "fence": 5}), "a corrupted slot was trusted"
+        raw = bytearray(os.pread(fd, file_record.SLOT, file_record.SLOT))
         raw[raw.index(b'"holder":"a"') + len('"holder":"')] = ord("z")
-        os.pwrite(fd, bytes(raw), _file_record.SLOT)
-        with pytest.raises(_file_record.CorruptRecord):
-            _file_record.read(fd)
+        os.pwrite(fd, bytes(raw), file_record.SLOT)
+        with pytest.raises(file_record.CorruptRecord):
+            file_record.read(fd)
     finally:
         os.close(fd)

@@ -22,9 +22,8 @@ from backends.pytest_fixtures import RedlockFactory
 from backends.servers import RedisServer, RedlockServers
 from lockkit import BackendUnavailable, LockTimeout
 from lockkit.driver import DriverContext, Presence
-from lockkit.drivers import _redis_scripts as scripts
-from lockkit.drivers._redis_keys import lock_keys, presence_keys
-from lockkit.drivers.redis import RedisDriver
+from lockkit.drivers.redis import RedisDriver, scripts
+from lockkit.drivers.redis.keys import lock_keys, presence_keys
 from lockkit.drivers.redlock import RedlockDriver
 from lockkit.urls import parse_url
 
@@ -380,19 +379,19 @@ def test_scripts_grant_to_the_first_listening_waiter_and_pass_a_late_grant_on(re
 def test_a_waiter_that_fails_leaves_the_queue_and_is_never_granted_the_lock(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lockkit.drivers import _redis_watch
+    from lockkit.drivers.redis import watch as redis_watch
 
     name = unique("failedwaiter")
     queue, _ = queue_keys(name)
     client = raw(redis_server)
-    real_wait = _redis_watch.SyncWatcher.wait
+    real_wait = redis_watch.SyncWatcher.wait
 
     def interrupted(self: Any, timeout: float | None) -> str | int:  # as a KeyboardInterrupt in event.wait would
         if threading.current_thread().name == "doomed":
             raise RuntimeError("interrupted while waiting")
         return real_wait(self, timeout)
 
-    monkeypatch.setattr(_redis_watch.SyncWatcher, "wait", interrupted)
+    monkeypatch.setattr(redis_watch.SyncWatcher, "wait", interrupted)
     with lockkit.connect(redis_server.url) as locks:
         holder = locks.lock(name, ttl=5)
         holder.acquire()
@@ -466,8 +465,8 @@ def test_a_forked_child_waits_as_a_client_of_its_own(redis_server: RedisServer) 
 async def test_C12_silent_pubsub_connection_is_replaced_and_waiters_recheck(
     redis_server: RedisServer, fault_proxy: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from lockkit.drivers._redis_config import redis_nodes
-    from lockkit.drivers._redis_hub import Hub
+    from lockkit.drivers.redis.config import redis_nodes
+    from lockkit.drivers.redis.hub import Hub
 
     proxy = fault_proxy(redis_server)
     interval = timeout = 0.3

@@ -221,7 +221,7 @@ def test_R4_early_expiry_detected_within_one_renewal_period(server: RedisServer,
 
 PAUSED_HOLDER = """
 import json, sys, threading, time, lockkit
-from lockkit.fencing_store import FencedStore
+from lockkit.cli.fencing_store import FencedStore
 url, name, path, fenced = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 locks = lockkit.connect(url)
 lease = locks.lock(name, ttl=1.0).acquire(timeout=5)
@@ -279,7 +279,7 @@ def run_paused_holder(
         with intruder.lock(n, ttl=5) as lease:
             entered = time.monotonic()
             if fenced:
-                from lockkit.fencing_store import FencedStore
+                from lockkit.cli.fencing_store import FencedStore
 
                 store = FencedStore(path)
                 value = store.read(lease.fencing_token, lease.token)
@@ -307,7 +307,7 @@ def run_paused_holder(
 def test_C4a_paused_holder_is_fenced_off_and_knows_it_lost(
     server: RedisServer, locks: lockkit.Locker, tmp_path: Path
 ) -> None:
-    from lockkit.fencing_store import FencedStore
+    from lockkit.cli.fencing_store import FencedStore
 
     path = str(tmp_path / "fenced.sqlite")
     FencedStore(path).close()

@@ -15,8 +15,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.pytest_fixtures import RedisFactory
 from backends.servers import RedisServer
-from lockkit.drivers._redis_pool import ConnectionPool
-from lockkit.drivers._resp import read_replies
+from lockkit.drivers.redis.pool import ConnectionPool
+from lockkit.drivers.redis.resp import read_replies
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_forked_child_never_uses_the_parents_socket(pool_for: tuple[ConnectionPo
     pool.release(again)
 
 
-# -- lockkit's own reply reader (lockkit/drivers/_resp.py) ----------------------------------------------------
+# -- lockkit's own reply reader (lockkit/drivers/redis/resp.py) ----------------------------------------------------
 
 
 def test_reader_reads_every_reply_type_in_step(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:

@@ -55,3 +55,36 @@ def test_every_builtin_declares_guarantees() -> None:
         factory = registry.load_factory(scheme)
         assert factory.guarantees.scope in ("process", "host")
         assert factory.guarantees.fencing == "strict"
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        ("lockkit.drivers.redis", ["RedisDriver", "AsyncRedisDriver"]),
+        ("lockkit.drivers.redlock", ["RedlockDriver", "AsyncRedlockDriver"]),
+        ("lockkit.drivers.etcd", ["EtcdDriver", "EtcdOptions"]),
+        ("lockkit.drivers.zookeeper", ["ZooKeeperDriver", "ZooKeeperOptions"]),
+        ("lockkit.drivers.file", ["FileDriver", "FileOptions"]),
+        ("lockkit.drivers.memory", ["MemoryDriver"]),
+        ("lockkit.drivers.migrate", ["MigrateDriver"]),
+        ("lockkit.cli", ["main"]),
+    ],
+)
+def test_the_import_paths_of_the_flat_layout_still_work(module: str, names: list[str]) -> None:
+    """Issue 13 moved the drivers into one package per backend: user code importing the old paths needs no edit."""
+    mod = importlib.import_module(module)
+    for name in names:
+        assert getattr(mod, name) is not None, f"{module}.{name}"
+    assert set(names) <= set(getattr(mod, "__all__", names))
+
+
+def test_the_registry_and_the_old_paths_name_the_same_classes() -> None:
+    from lockkit.drivers.file import FileDriver
+    from lockkit.drivers.memory import MemoryDriver
+    from lockkit.drivers.redis import RedisDriver
+    from lockkit.drivers.redlock import RedlockDriver
+
+    assert registry.load_factory("memory") is MemoryDriver
+    assert registry.load_factory("file") is FileDriver
+    assert registry.load_factory("redis") is RedisDriver
+    assert registry.load_factory("redlock") is RedlockDriver

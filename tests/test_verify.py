@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lockkit.fencing_store import FencedStore
+from lockkit.cli.fencing_store import FencedStore
 
 VERIFY = [sys.executable, "-m", "lockkit.cli", "verify", "--json"]
 RUN: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 120}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lockkit import verify
+from lockkit.cli import verify
 from lockkit.testing._broken import SameTokenFencedStore, entry_points_txt
 
 VERIFY = [sys.executable, "-m", "lockkit.cli", "verify"]

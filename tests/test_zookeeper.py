@@ -23,8 +23,8 @@ from backends.pytest_fixtures import ZooKeeperFactory
 from backends.servers import ZooKeeperServer
 from lockkit import ConfigError, LockError, LockNotOwned, LockTimeout
 from lockkit.driver import DriverContext, RenewRequest
-from lockkit.drivers._zk_nodes import contenders, sequence
 from lockkit.drivers.zookeeper import ZooKeeperDriver
+from lockkit.drivers.zookeeper.nodes import contenders, sequence
 from lockkit.names import encode_name
 from lockkit.urls import parse_url
 

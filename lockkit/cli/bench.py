@@ -3,7 +3,7 @@
 For each backend (a ``--url``, or every configured backend):
 
 * **uncontended** — acquire + release of fresh names, one after another: median and p99 latency;
-* **contention** — N processes on one name, each holding about 1 ms (:mod:`lockkit.contention`, the harness
+* **contention** — N processes on one name, each holding about 1 ms (:mod:`lockkit.cli.contention`, the harness
   the repository's benchmarks use too): handoffs per second (an acquisition by a different process than the
   previous holder), fairness (fewest / most acquisitions per process) and the p99 wait;
 * **renewal** — K locks held with auto-renewal for a few seconds in one process: whether every lock is still
@@ -25,9 +25,9 @@ from typing import Any
 
 import lockkit
 
+from ..errors import ConfigError
 from .contention import ConfigContender, Contention
 from .contention import contention as run_contention
-from .errors import ConfigError
 
 
 @dataclass
@@ -79,7 +79,7 @@ def uncontended(locks: lockkit.Locker, backend: str, rounds: int) -> list[float]
 
 
 def contention(config: dict[str, Any], backend: str, processes: int, seconds: float) -> Contention:
-    """The shared harness (:mod:`lockkit.contention`), on one configured backend."""
+    """The shared harness (:mod:`lockkit.cli.contention`), on one configured backend."""
     _progress(f"{backend}: contention", 0, 1)
     result = run_contention(
         (config, backend), seconds, procs=processes, opener=ConfigContender, label=backend, name=f"bench:{uuid.uuid4()}"

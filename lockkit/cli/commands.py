@@ -20,11 +20,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
-from .config import resolve_settings
-from .errors import BackendUnavailable, ConfigError, LockError, LockTimeout
-from .lease import Lease
-from .locker import Locker, from_config
+from .. import __version__
+from ..config import resolve_settings
+from ..errors import BackendUnavailable, ConfigError, LockError, LockTimeout
+from ..lease import Lease
+from ..locker import Locker, from_config
 
 EXIT_LOST = 70
 EXIT_TIMEOUT = 75
@@ -166,7 +166,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from .drivers.migrate import next_step
+    from ..drivers.migrate import next_step
 
     with _locker(args) as locks:
         migrations = locks.migrations()
@@ -212,8 +212,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    from ..config import load_file
     from . import bench
-    from .config import load_file
 
     if args.url:
         config: dict[str, Any] = {"backends": {"default": {"url": args.url}}}

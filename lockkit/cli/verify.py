@@ -1,7 +1,7 @@
 """``lockkit verify``: a self-test of a real deployment, with real processes and optional faults.
 
 N worker processes contend on one lock name. Each, while holding the lock, does a fenced read of a
-counter from a fencing-checked store (:mod:`lockkit.fencing_store`), thinks for a moment, and writes the
+counter from a fencing-checked store (:mod:`lockkit.cli.fencing_store`), thinks for a moment, and writes the
 counter + 1 with its fencing token, logging when it entered and left. With ``--faults``, the controller
 SIGKILLs (then replaces) or SIGSTOPs (for 1.5 × TTL) a random worker now and then.
 
@@ -46,8 +46,8 @@ from typing import Any, NamedTuple
 
 import lockkit
 
+from ..urls import redact
 from .fencing_store import FencedStore, summarise
-from .urls import redact
 
 
 def _worker(

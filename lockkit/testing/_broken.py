@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..cli.fencing_store import FencedStore
 from ..driver import Cancel, Grant
-from ..drivers.file import FileDriver
-from ..fencing_store import FencedStore
+from ..drivers.embedded.file import FileDriver
 
 __all__ = [
     "BROKEN_SCHEMES",
@@ -106,7 +106,7 @@ class NoFencingNoExclusionFileDriver(NoExclusionFileDriver):
 
 
 class SameTokenFencedStore(FencedStore):
-    """The store with the mutant of issue 20 (fencing_store.py:80): a different lease with the current token
+    """The store with the mutant of issue 20 (cli/fencing_store.py:80): a different lease with the current token
     is let through, as if it were the holder writing twice."""
 
     @staticmethod

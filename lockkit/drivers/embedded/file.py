@@ -4,14 +4,14 @@ Layout: one file per lock name in ``dir``, named by the SHA-256 of the name (so
 any name fits a file name and two names never share one), ``flock()``ed for
 every read-modify-write and holding the record
 ``{"name", "token", "expires", "ttl", "host", "hostname", "boot", "fence", "waiters", "seen"}``
-in two checksummed slots written alternately (:mod:`._file_record`), so a crash never
+in two checksummed slots written alternately (:mod:`.file_record`), so a crash never
 leaves it half-written; ``fsync=true`` also makes the fencing counter survive
 a power loss. Expiry is stored on ``CLOCK_MONOTONIC``, which Linux keeps
 system-wide, together with the identity of the holder's host and boot
-(:mod:`._file_host`): after a reboot every lock is free (its holder is gone)
+(:mod:`.file_host`): after a reboot every lock is free (its holder is gone)
 while the fencing counter carries on.
 
-One host only. A directory on a network filesystem is refused (:mod:`._file_fs`)
+One host only. A directory on a network filesystem is refused (:mod:`.file_fs`)
 unless ``single_host=true``. Should another machine's record turn up anyway, its
 monotonic expiry means nothing here, and no other clock is trusted either: the
 record counts as held until this host has seen it unchanged for its ``ttl`` plus
@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, renew_each
-from ..errors import BackendUnavailable, ConfigError
-from ..lease import token_hint
-from ..urls import BackendURL, parse_options
-from . import _file_fs, _file_host, _file_record
-from ._slot import Slot
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, renew_each
+from ...errors import BackendUnavailable, ConfigError
+from ...lease import token_hint
+from ...urls import BackendURL, parse_options
+from . import file_fs, file_host, file_record
+from .slot import Slot
 
 MAX_WAITERS = 1024
 """Beyond this many registered waiters a newcomer only re-checks at the holder's expiry (bounds the record)."""
@@ -112,7 +112,7 @@ class FileDriver:
         self.directory = directory
         self._options = options
         self._clock = ctx.clock
-        self._id = _file_host.current()
+        self._id = file_host.current()
         # (group, member) -> (its record's mark, when this process first saw it): other hosts' presence records
         self._sightings: dict[tuple[str, str], tuple[str, float]] = {}
 
@@ -138,7 +138,7 @@ class FileDriver:
                 f"lock directory {directory} is not writable ({exc.strerror}); fix its permissions "
                 "or point file:// elsewhere"
             ) from None
-        shared = None if options.single_host else _file_fs.shared_filesystem(directory)
+        shared = None if options.single_host else file_fs.shared_filesystem(directory)
         if shared is not None:
             raise ConfigError(
                 f"lock directory {directory} is on a network filesystem ({shared}): file:// locks only the "
@@ -166,9 +166,9 @@ class FileDriver:
             fcntl.flock(fd, fcntl.LOCK_EX)
             now = time.monotonic()
             try:
-                seq, raw = _file_record.read(fd)
+                seq, raw = file_record.read(fd)
                 record = self._decode(name, raw, now)
-            except (_file_record.CorruptRecord, ValueError, KeyError, TypeError) as exc:
+            except (file_record.CorruptRecord, ValueError, KeyError, TypeError) as exc:
                 raise BackendUnavailable(
                     f"lock file {path} is corrupt ({exc}); delete it to reset this lock (its fencing counter restarts)"
                 ) from None
@@ -178,7 +178,7 @@ class FileDriver:
             updated = self._encode(name, record)
             if updated != raw:
                 try:
-                    _file_record.write(fd, seq, updated, self._options.fsync)
+                    file_record.write(fd, seq, updated, self._options.fsync)
                 except OSError as exc:
                     raise BackendUnavailable(f"cannot write lock file {path}: {exc.strerror}") from None
         finally:
@@ -364,8 +364,8 @@ class FileDriver:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                seq, raw = _file_record.read(fd)
-            except (_file_record.CorruptRecord, OSError) as exc:
+                seq, raw = file_record.read(fd)
+            except (file_record.CorruptRecord, OSError) as exc:
                 raise BackendUnavailable(f"presence file {path} is unreadable ({exc}); delete it") from None
             now = time.monotonic()
             try:
@@ -377,7 +377,7 @@ class FileDriver:
             self._sightings = {k: t for k, t in self._sightings.items() if k[0] != group or k[1] in live}
             yield live
             try:
-                _file_record.write(fd, seq, live, self._options.fsync)
+                file_record.write(fd, seq, live, self._options.fsync)
             except OSError as exc:
                 raise BackendUnavailable(f"cannot write presence file {path}: {exc.strerror}") from None
             except ValueError as exc:  # more members than one record slot holds

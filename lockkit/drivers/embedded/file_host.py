@@ -29,8 +29,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import default_state_dir
-from ..errors import ConfigError
+from ...config import default_state_dir
+from ...errors import ConfigError
 
 log = logging.getLogger("lockkit")
 

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, renew_each
-from ..errors import ConfigError
-from ..lease import token_hint
-from ..urls import BackendURL, parse_options
-from ._slot import Slot
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, renew_each
+from ...errors import ConfigError
+from ...lease import token_hint
+from ...urls import BackendURL, parse_options
+from .slot import Slot
 
 
 class _Space:

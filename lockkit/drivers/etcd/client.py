@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from ..errors import BackendUnavailable, ConfigError
+from ...errors import BackendUnavailable, ConfigError
 
 __all__ = ["INSTALL_HINT", "EtcdClient", "cmp_created", "delete_op", "grpc", "load_client", "range_op", "rpc"]
 

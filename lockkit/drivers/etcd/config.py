@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..urls import BackendURL, parse_options
-from ._etcd_client import EtcdClient, grpc
-from ._etcd_keys import DEFAULT_PREFIX
+from ...errors import ConfigError
+from ...urls import BackendURL, parse_options
+from .client import EtcdClient, grpc
+from .keys import DEFAULT_PREFIX
 
 __all__ = ["DEFAULT_PORT", "EtcdOptions", "open_client"]
 

@@ -7,7 +7,7 @@ which strictly increases per name (it is etcd's global revision) for as long as
 the cluster keeps its data. The model is etcd's Go ``client/v3/concurrency``
 (``mutex.go``, ``session.go``).
 
-Key layout (see :mod:`._etcd_keys`)::
+Key layout (see :mod:`.keys`)::
 
     <prefix><encode_name(name)>/<lease-id hex>-<slot>  = token
 
@@ -19,7 +19,7 @@ name until compaction).
   session lease and read the two newest keys of the name's range. If ours is the
   only one we hold the lock (one round trip). Otherwise the other key is our
   predecessor: we wait for its delete (reported by the driver's one watch on the
-  lock's range, see :mod:`._etcd_watch`), then re-check in one transaction that
+  lock's range, see :mod:`.watch`), then re-check in one transaction that
   our key still exists and what is now below it.
   Before reporting "acquired" we know our key exists (so its lease was alive at
   that revision) and that the session's last keepalive is recent (etcd #11456).
@@ -32,7 +32,7 @@ name until compaction).
   out or was interrupted) is an *orphan*: deleted, guarded, by the next sweep,
   which runs with whatever keeps the session lease alive (acquires, renewal
   rounds, waiters' keepalives, releases). One that stays undeletable for a whole
-  TTL while keepalives succeed costs the lease (see :mod:`._etcd_session`), so
+  TTL while keepalives succeed costs the lease (see :mod:`.session`), so
   it cannot be kept held for good by the client's other locks.
 * **release / renew** are guarded on our key's ``create_revision``: a stale
   release never deletes a newer key of the same name (etcd #22082). ``renew``
@@ -42,9 +42,9 @@ name until compaction).
   ``--max-txn-ops``; beyond that one read of the keys attached to the lease).
 * **presence** records (``announce``/``withdraw``/``members``, for the migrate
   backend) live under ``<prefix>.presence/``, each on its own lease: see
-  :mod:`._etcd_presence`.
+  :mod:`.presence`.
 * Every request fails over to the next member on UNAVAILABLE, keepalives
-  included (:mod:`._etcd_client`).
+  included (:mod:`.client`).
 
 Deviations: a lock lives as long as its session lease, so a lock acquired with
 ``auto_renew=False`` stays held while other locks or waiters of the same client
@@ -61,16 +61,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
-from ..errors import BackendUnavailable, LockError
-from ..lease import token_hint
-from ..urls import BackendURL
-from ._etcd_client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
-from ._etcd_config import EtcdOptions, open_client
-from ._etcd_keys import name_range
-from ._etcd_presence import PresenceRecords
-from ._etcd_session import Held, Session, Sessions
-from ._etcd_watch import Watch, Watcher
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ...errors import BackendUnavailable, LockError
+from ...lease import token_hint
+from ...urls import BackendURL
+from .client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
+from .config import EtcdOptions, open_client
+from .keys import name_range
+from .presence import PresenceRecords
+from .session import Held, Session, Sessions
+from .watch import Watch, Watcher
 
 __all__ = ["EtcdDriver", "EtcdOptions"]
 
@@ -406,7 +406,7 @@ class EtcdDriver:
         reply = self._first(name)
         return bool(reply.kvs) and self._delete_if(reply.kvs[0].key, int(reply.kvs[0].create_revision))
 
-    # -- presence (the migrate backend's fleet guard; see ._etcd_presence) ----------------------------
+    # -- presence (the migrate backend's fleet guard; see .presence) ----------------------------
 
     def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
         self._presence.announce(group, member, value, ttl)

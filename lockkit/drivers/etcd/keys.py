@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 
-from ..names import encode_name
+from ...names import encode_name
 
 __all__ = ["DEFAULT_PREFIX", "lock_key", "name_range", "prefix_end"]
 

@@ -34,10 +34,10 @@ import logging
 import math
 import threading
 
-from ..errors import BackendUnavailable, ConfigError
-from ..names import decode_name, encode_name
-from ._etcd_client import EtcdClient, grpc, rpc
-from ._etcd_keys import prefix_end
+from ...errors import BackendUnavailable, ConfigError
+from ...names import decode_name, encode_name
+from .client import EtcdClient, grpc, rpc
+from .keys import prefix_end
 
 __all__ = ["PRESENCE_SPACE", "PresenceRecords"]
 

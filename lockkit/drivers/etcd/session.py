@@ -29,11 +29,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..driver import LeaseEvents
-from ..errors import BackendUnavailable
-from ..timing import Clock, lease_deadline
-from ._etcd_client import EtcdClient, cmp_created, delete_op, range_op, rpc
-from ._etcd_keys import lock_key
+from ...driver import LeaseEvents
+from ...errors import BackendUnavailable
+from ...timing import Clock, lease_deadline
+from .client import EtcdClient, cmp_created, delete_op, range_op, rpc
+from .keys import lock_key
 
 __all__ = ["Held", "Session", "Sessions"]
 
@@ -214,7 +214,7 @@ class Sessions:
     # -- our keys: slots, and keys whose fate is unknown (a reply was lost) ----------------------
 
     def take_key(self, session: Session, prefix: str, name: str) -> bytes:
-        """Reserve the key of the lowest slot of ``name`` that ``session`` is not using (see ._etcd_keys)."""
+        """Reserve the key of the lowest slot of ``name`` that ``session`` is not using (see .keys)."""
         with self._mutex:
             slot = 0
             while (key := lock_key(prefix, name, session.lease_id, slot)) in session.keys:

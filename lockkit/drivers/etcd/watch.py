@@ -43,8 +43,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import BackendUnavailable
-from ._etcd_client import EtcdClient, rpc
+from ...errors import BackendUnavailable
+from .client import EtcdClient, rpc
 
 __all__ = ["LINGER", "RECENT", "Watch", "Watcher"]
 

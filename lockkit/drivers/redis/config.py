@@ -18,10 +18,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, ResponseError
 from redis.retry import Retry
 
-from ..errors import ConfigError
-from ..urls import BackendURL, parse_options
-from ._redis_keys import DEFAULT_PREFIX, check_prefix
-from ._redis_scripts import ALL
+from ...errors import ConfigError
+from ...urls import BackendURL, parse_options
+from .keys import DEFAULT_PREFIX, check_prefix
+from .scripts import ALL
 
 __all__ = ["NodeSpec", "NodeState", "RedisOptions", "RedlockOptions", "apply_hello", "hello_commands"]
 

@@ -6,7 +6,7 @@ the two faces cannot drift apart (the approach of httpcore and h11, minus code
 generation). Operations:
 
 * :class:`Send` — run these calls (one server: its replies; Redlock: a
-  :class:`~._redis_quorum.NodeResult` per master, sent to all in parallel);
+  :class:`~.quorum.NodeResult` per master, sent to all in parallel);
 * :class:`Watch` — subscribe to the lock's (and the client's) wake-up channel; returns ``True``
   if the flow must try again before sleeping (a release may have slipped in
   before the subscription was confirmed), ``False`` if it may sleep at once:
@@ -25,7 +25,7 @@ all retry at the same instant.
 The single-node flow is *fair* (FIFO): a blocking acquire joins the lock's
 waiter queue in the same script that found the lock taken, a release grants the
 lock to the first live waiter and tells only that waiter (see the fair scripts
-in :mod:`._redis_scripts`), so the hand-off costs the waiter no round trip, and
+in :mod:`.scripts`), so the hand-off costs the waiter no round trip, and
 a waiter that gives up leaves the queue (passing on a grant that reached it too
 late). A one-shot attempt (deadline already past) never queues. Redlock stays
 unqueued: per-master queues could disagree on the head and split the vote.
@@ -47,13 +47,13 @@ from typing import Any, Literal, TypeVar
 
 from redis.exceptions import ResponseError
 
-from ..driver import Grant
-from ..errors import BackendUnavailable
-from ..timing import Clock
-from ._redis_keys import LockKeys
-from ._redis_node import Call
-from ._redis_quorum import NodeResult, quorum, tally_acquire
-from ._redis_scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELEASE, LEAVE, RELEASE
+from ...driver import Grant
+from ...errors import BackendUnavailable
+from ...timing import Clock
+from .keys import LockKeys
+from .node import Call
+from .quorum import NodeResult, quorum, tally_acquire
+from .scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELEASE, LEAVE, RELEASE
 
 __all__ = [
     "Send", "Wait", "Watch", "acquire_flow", "adrive", "drive", "leave_call", "redlock_acquire_flow", "release_call",

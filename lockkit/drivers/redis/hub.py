@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from ._redis_config import NodeSpec
-from ._redis_keys import client_channel
+from .config import NodeSpec
+from .keys import client_channel
 
 __all__ = ["Hub", "LoopThread", "Snapshot", "Wake"]
 

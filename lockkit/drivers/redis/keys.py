@@ -10,7 +10,7 @@ With the default prefix ``lockkit:`` the lock named ``N`` uses::
     lockkit:client:C    redis:// only: the pub/sub channel of client C, on which a release tells one of
                         C's waiters that it was granted the lock (waiter ids are "C.<ttl ms>.<token>")
 
-and the presence group ``G`` (see :mod:`._redis_presence`) uses::
+and the presence group ``G`` (see :mod:`.presence`) uses::
 
     lockkit:presence:{E}         hash: member → value
     lockkit:presence:{E}:expiry  sorted set: member → expiry in server milliseconds (+inf: permanent)
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["DEFAULT_PREFIX", "LockKeys", "check_prefix", "client_channel", "lock_keys", "presence_keys"]
 

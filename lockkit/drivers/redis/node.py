@@ -2,7 +2,7 @@
 
 Both faces (blocking :class:`SyncNode`, asyncio :class:`AsyncNode`) do the same
 few things and nothing else; what to send and how to read the replies lives in
-:mod:`._redis_config` and :mod:`._redis_flow`, so the twins stay thin:
+:mod:`.config` and :mod:`.flow`, so the twins stay thin:
 
 * a call is split into :meth:`send` and :meth:`receive`, so that a Redlock
   fan-out sends to every master first and then reads the replies against one
@@ -30,10 +30,10 @@ import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from ._redis_config import NodeSpec, NodeState, apply_hello, hello_commands
-from ._redis_pool import ConnectionPool
-from ._redis_scripts import Script
-from ._resp import read_replies
+from .config import NodeSpec, NodeState, apply_hello, hello_commands
+from .pool import ConnectionPool
+from .resp import read_replies
+from .scripts import Script
 
 __all__ = ["AsyncNode", "Call", "SyncNode", "pack_calls"]
 

@@ -3,7 +3,7 @@
 A group is a hash of member → value plus a sorted set of member → expiry in milliseconds on the
 *server's* clock (``TIME`` inside the script), pruned by every announce and read, so a client that
 crashed disappears ``ttl`` after its last announce whatever the clients' clocks say. Keys:
-:func:`._redis_keys.presence_keys`. Redlock writes to every master (success needs a majority) and
+:func:`.keys.presence_keys`. Redlock writes to every master (success needs a majority) and
 reads the union of the live records of at least a majority: any two majorities share a master, so a
 read sees every announce that completed before it. A record's value, when masters disagree, is the
 one with the longest time left (the latest announce).
@@ -15,10 +15,10 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import BackendUnavailable
-from ._redis_keys import presence_keys
-from ._redis_node import Call
-from ._redis_scripts import ANNOUNCE, MEMBERS, WITHDRAW
+from ...errors import BackendUnavailable
+from .keys import presence_keys
+from .node import Call
+from .scripts import ANNOUNCE, MEMBERS, WITHDRAW
 
 __all__ = ["announce_call", "members_call", "merge_members", "parse_members", "withdraw_call"]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..timing import drift
+from ...timing import drift
 
 __all__ = [
     "NodeResult", "Tally", "count_ok", "count_repeated_misses", "quorum", "tally_acquire", "tally_renew", "validity",

@@ -9,8 +9,8 @@ plus ``tls=true`` and ``retry_delay`` (upper bound of the random delay after a s
 **How it works.** Every request goes to all masters at once: the commands are written to every
 master first, then the replies are read against one shared deadline, so a slow or blackholed
 master costs one ``timeout``, not one per master, and no thread is needed. The same Lua scripts
-and key layout as the single-node driver are used (:mod:`._redis_scripts`,
-:mod:`._redis_keys`), without the fencing counter. A grant needs a quorum (N // 2 + 1) *and* a
+and key layout as the single-node driver are used (:mod:`.scripts`,
+:mod:`.keys`), without the fencing counter. A grant needs a quorum (N // 2 + 1) *and* a
 positive validity, ``ttl − elapsed − (ttl × 0.01 + 2 ms)``, measured from before the first
 request; otherwise the round is undone on *all* masters (a timed-out one may have applied it)
 before waiting: for the release's wake-up when someone holds a quorum, or for a random delay
@@ -28,7 +28,7 @@ can hand the *same* token to two clients in exactly the overlap that fencing exi
 masters are not detected. Waiting is not FIFO (per-master queues could disagree on
 the head and split the vote): a release wakes every waiter of the lock.
 
-**Presence records** (for ``migrate``, :mod:`._redis_presence`): an announce or
+**Presence records** (for ``migrate``, :mod:`.presence`): an announce or
 withdraw goes to every master and stands once a majority applied it; ``members``
 is the union of the live records read from at least a majority.
 """
@@ -44,19 +44,19 @@ from typing import Any, ClassVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
-from ..errors import BackendUnavailable
-from ..lease import token_hint
-from ..urls import BackendURL
-from ._redis_config import NodeSpec, RedlockOptions, redlock_nodes
-from ._redis_flow import Flow, Op, Send, Wait, Watch, adrive, drive, ms, redlock_acquire_flow
-from ._redis_hub import Hub, LoopThread
-from ._redis_keys import lock_keys
-from ._redis_node import AsyncNode, Call, SyncNode, pack_calls
-from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
-from ._redis_quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
-from ._redis_scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
-from ._redis_watch import AsyncWatcher, SyncWatcher
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ...errors import BackendUnavailable
+from ...lease import token_hint
+from ...urls import BackendURL
+from .config import NodeSpec, RedlockOptions, redlock_nodes
+from .flow import Flow, Op, Send, Wait, Watch, adrive, drive, ms, redlock_acquire_flow
+from .hub import Hub, LoopThread
+from .keys import lock_keys
+from .node import AsyncNode, Call, SyncNode, pack_calls
+from .presence import announce_call, members_call, merge_members, parse_members, withdraw_call
+from .quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
+from .scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+from .watch import AsyncWatcher, SyncWatcher
 
 __all__ = ["AsyncRedlockDriver", "RedlockDriver"]
 

@@ -9,7 +9,7 @@ restart) reloads the script and runs the same call again, which is safe because
 ``NOSCRIPT`` means the script did not run. There is no non-atomic fallback.
 
 The fencing counter (``KEYS[2]``) is optional: the single-node driver passes it,
-Redlock does not (it offers no fencing token, see :mod:`lockkit.drivers.redlock`).
+Redlock does not (it offers no fencing token, see :mod:`lockkit.drivers.redis.redlock`).
 """
 
 from __future__ import annotations

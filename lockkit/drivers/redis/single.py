@@ -6,20 +6,20 @@ URLs::
     rediss://…                 TLS; the certificate and host name are verified by default
     unix:///path/redis.sock?db=0
 
-Options (see :class:`~._redis_config.RedisOptions`): ``prefix`` (default
+Options (see :class:`~.config.RedisOptions`): ``prefix`` (default
 ``lockkit:``), ``timeout`` and ``connect_timeout`` (seconds), ``pool_size``,
 ``health_check_interval``, ``tls_ca``/``tls_cert``/``tls_key``/
 ``tls_check_hostname``/``tls_insecure``, ``min_replicas``/``replica_timeout``
 (WAIT after a grant), ``strict`` (refuse a server whose maxmemory-policy can
 evict lock keys), ``db`` (for unix://).
 
-**Keys** (:mod:`._redis_keys`): ``{prefix}{<name>}`` holds the holder's token
+**Keys** (:mod:`.keys`): ``{prefix}{<name>}`` holds the holder's token
 with a PX expiry, ``…:fence`` the fencing counter, ``…:wake`` is the pub/sub
 channel, ``…:queue`` and ``…:alive`` the waiter queue; ``{``, ``}`` and ``%`` in
 names are percent-escaped so that every key of a lock shares one Redis Cluster
 hash tag. Presence records (for ``migrate``) live under ``{prefix}presence:``.
 
-**Operations** are one Lua script each (:mod:`._redis_scripts`), called by SHA:
+**Operations** are one Lua script each (:mod:`.scripts`), called by SHA:
 acquire takes a free lock (``SET PX`` + ``INCR`` of the fence, one round trip)
 or returns the holder's PTTL and queues the waiter; renew = compare-and-
 ``PEXPIRE``; release = compare, then grant the lock to the first live queued
@@ -27,7 +27,7 @@ waiter (its token and TTL are part of its queue entry) and tell only it
 (``PUBLISH`` of its id and fencing token on its client's own channel,
 ``<prefix>client:<client id>``), or delete it.
 ``renew_many`` is one pipeline per round. Waiters sleep on one
-shared pub/sub connection (:mod:`._redis_hub`) and re-check once at the holder's
+shared pub/sub connection (:mod:`.hub`) and re-check once at the holder's
 expiry. A connection error is retried once on a fresh connection for renew and
 release, never for acquire; a release retried after the connection broke under it
 (it may have run, its reply lost) that finds the lock no longer ours raises
@@ -66,12 +66,12 @@ from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
-from ..errors import BackendUnavailable
-from ..lease import token_hint
-from ..urls import BackendURL
-from ._redis_config import NodeSpec, RedisOptions, redis_nodes
-from ._redis_flow import (
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ...errors import BackendUnavailable
+from ...lease import token_hint
+from ...urls import BackendURL
+from .config import NodeSpec, RedisOptions, redis_nodes
+from .flow import (
     Flow,
     Op,
     Send,
@@ -86,12 +86,12 @@ from ._redis_flow import (
     release_call,
     waiter_id,
 )  # fmt: skip
-from ._redis_hub import Hub, LoopThread
-from ._redis_keys import LockKeys, lock_keys
-from ._redis_node import AsyncNode, Call, SyncNode
-from ._redis_presence import announce_call, members_call, merge_members, parse_members, withdraw_call
-from ._redis_scripts import FAIR_HOLDER, RENEW
-from ._redis_watch import AsyncWatcher, SyncWatcher, snapshots
+from .hub import Hub, LoopThread
+from .keys import LockKeys, lock_keys
+from .node import AsyncNode, Call, SyncNode
+from .presence import announce_call, members_call, merge_members, parse_members, withdraw_call
+from .scripts import FAIR_HOLDER, RENEW
+from .watch import AsyncWatcher, SyncWatcher, snapshots
 
 __all__ = ["AsyncRedisDriver", "RedisDriver"]
 

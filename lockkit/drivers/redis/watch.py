@@ -1,7 +1,7 @@
-"""Waiters on the hubs' wake-ups (:mod:`._redis_hub`): one per contended acquire, blocking or asyncio.
+"""Waiters on the hubs' wake-ups (:mod:`.hub`): one per contended acquire, blocking or asyncio.
 
 A watcher is made *before* the acquire's first attempt, so that its snapshot of the hubs predates it
-(see :meth:`._redis_hub.Hub.snapshot`). It wakes on a message for everyone (empty: look again) and on a
+(see :meth:`.hub.Hub.snapshot`). It wakes on a message for everyone (empty: look again) and on a
 fair release's grant to its own waiter id (``"<waiter id> <fencing token>"``: the lock is ours); grants to
 the client's other waiters are not for it. Redlock watchers have no waiter id and wake on every message.
 """
@@ -12,9 +12,9 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 
-from .._aio import wait_event
-from ..driver import Cancel
-from ._redis_hub import Hub, LoopThread, Snapshot
+from ..._aio import wait_event
+from ...driver import Cancel
+from .hub import Hub, LoopThread, Snapshot
 
 __all__ = ["AsyncWatcher", "SyncWatcher", "snapshots"]
 

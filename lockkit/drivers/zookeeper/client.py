@@ -18,8 +18,8 @@ from kazoo.client import KazooClient
 from kazoo.protocol.serialization import Connect, Create2
 from kazoo.protocol.states import Callback
 
-from ..errors import ConfigError
-from ._zk_nodes import Transient, ZooKeeperOptions
+from ...errors import ConfigError
+from .nodes import Transient, ZooKeeperOptions
 
 CONTAINER_FLAG = 4
 """``CreateMode.CONTAINER``: the server deletes the node once its last child is gone (ZooKeeper ≥ 3.5.3)."""

@@ -17,7 +17,7 @@ From its first renewal batch on, each held node carries an exists-watch of
 ours (set by reading the node once), so a node deleted by someone else
 (``force_release``, an administrator) is reported lost at once, and later
 batches cost one round trip for any number of locks (see
-:func:`._zk_client.barrier`). kazoo drops every watch on ``SUSPENDED``
+:func:`.client.barrier`). kazoo drops every watch on ``SUSPENDED``
 (``KazooClient._reset_watchers``); the reconnect verification re-arms them.
 """
 
@@ -26,27 +26,48 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from kazoo.client import KazooClient
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from ..driver import LeaseEvents
-from ..errors import BackendUnavailable
-from ..timing import Clock
-from ._zk_nodes import HELD, LOST, UNCERTAIN, Held
-
-if TYPE_CHECKING:
-    from ._zk_session import Session
+from ...driver import LeaseEvents
+from ...errors import BackendUnavailable
+from ...timing import Clock
+from .nodes import HELD, LOST, UNCERTAIN, Held
 
 Orphan = tuple[str, str, "str | None", int, "int | None"]
 """A node we gave up on: (parent, uuid prefix, child name if known, the session that created it, its czxid if
-known), deleted when we can, and only if it is still that node (see :meth:`Session.abandon`)."""
+known), deleted when we can, and only if it is still that node (see :meth:`.session.Session.abandon`)."""
+
+
+class SessionOps(Protocol):
+    """What :class:`Leases` needs of its session (:class:`.session.Session` has it), so it need not import it."""
+
+    def client(self, end: float | None = None) -> KazooClient: ...
+
+    def call(
+        self, result: Any, what: str, passthrough: tuple[type[BaseException], ...] = (), end: float | None = None
+    ) -> Any: ...
+
+    def abandon(
+        self,
+        parent: str,
+        prefix: str,
+        child: str | None,
+        owner: int | None,
+        czxid: int | None = None,
+        *,
+        background: bool = False,
+    ) -> None: ...
+
+    def post_lost(self, token: str, reason: str) -> None: ...
 
 
 class Leases:
     """The registry of one session's held locks."""
 
-    def __init__(self, session: Session, events: LeaseEvents, clock: Clock) -> None:
+    def __init__(self, session: SessionOps, events: LeaseEvents, clock: Clock) -> None:
         self._session = session
         self._events = events
         self._clock = clock

@@ -27,9 +27,9 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ..errors import BackendUnavailable, ConfigError
-from ..names import encode_name
-from ..urls import BackendURL
+from ...errors import BackendUnavailable, ConfigError
+from ...names import encode_name
+from ...urls import BackendURL
 
 DEFAULT_PORT = 2181
 MARK = "__lock__"

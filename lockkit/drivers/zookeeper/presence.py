@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from ..errors import ConfigError
-from ..names import decode_name, encode_name
-from ._zk_nodes import Transient
+from ...errors import ConfigError
+from ...names import decode_name, encode_name
+from .nodes import Transient
 
 if TYPE_CHECKING:
-    from ._zk_session import Session
+    from .session import Session
 
 __all__ = ["PRESENCE_SUFFIX", "ZooKeeperPresence"]
 

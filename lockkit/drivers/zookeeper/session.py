@@ -2,7 +2,7 @@
 
 kazoo calls the state listener on its connection thread, which must not block:
 the listener only records the state and queues it for the session's worker
-thread, which applies it to the held locks (:mod:`._zk_leases`), deletes the
+thread, which applies it to the held locks (:mod:`.leases`), deletes the
 nodes we gave up on once it can, and restarts kazoo if its connection loop died.
 """
 
@@ -23,12 +23,12 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, Unim
 from kazoo.protocol.states import KazooState, KeeperState
 from kazoo.security import CREATOR_ALL_ACL, OPEN_ACL_UNSAFE
 
-from ..driver import LeaseEvents
-from ..errors import BackendUnavailable
-from ..timing import Clock
-from ._zk_client import barrier, create_parent_async, new_client
-from ._zk_leases import Leases, Orphan
-from ._zk_nodes import Layout, Transient, ZooKeeperOptions, wait, with_prefix
+from ...driver import LeaseEvents
+from ...errors import BackendUnavailable
+from ...timing import Clock
+from .client import barrier, create_parent_async, new_client
+from .leases import Leases, Orphan
+from .nodes import Layout, Transient, ZooKeeperOptions, wait, with_prefix
 
 log = logging.getLogger("lockkit")
 

@@ -40,13 +40,13 @@ Guarantees and deviations:
 * Release deletes our node with version 0; its path (our uuid plus the
   sequence the server gave our create) is the ownership check. An uncertain
   lock's node is read first (``ephemeralOwner`` and ``czxid``).
-* Session states are lease states (see :mod:`._zk_session`): ``SUSPENDED``
+* Session states are lease states (see :mod:`.session`): ``SUSPENDED``
   makes every lock *uncertain* at once and lost after the session timeout;
   a reconnect restores only locks whose node still exists and is ours
   (``ephemeralOwner`` and ``czxid``); ``LOST`` loses them all.
 * An unreachable server is a ``BackendUnavailable`` by the caller's bound:
   waits for a connection or a reply end at the acquire deadline, at
-  :data:`._zk_session.CONNECT_GRACE` (1 s) for ``try_acquire`` and shorter
+  :data:`.session.CONNECT_GRACE` (1 s) for ``try_acquire`` and shorter
   timeouts, and after ``connect_timeout`` at most.
 * Fencing token: the ``czxid`` of our node, a global transaction id, so it
   strictly increases across acquisitions, names and recreated parents.
@@ -55,7 +55,7 @@ Guarantees and deviations:
   may read, join or delete); a wrong or missing credential is a
   ``BackendUnavailable`` that says so. TLS is not supported yet.
 * kazoo has no asyncio API: the async face is :class:`lockkit.offload.ThreadOffloadDriver`.
-* Presence records (``migrate``) live as long as the session, not for their ttl: see :mod:`._zk_presence`.
+* Presence records (``migrate``) live as long as the session, not for their ttl: see :mod:`.presence`.
 """
 
 from __future__ import annotations
@@ -68,14 +68,14 @@ from typing import ClassVar
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from ..driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
-from ..errors import BackendUnavailable, ConfigError
-from ..lease import token_hint
-from ..urls import BackendURL, parse_options
-from . import _zk_nodes as nodes
-from ._zk_nodes import HELD, LOST, MARK, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
-from ._zk_presence import ZooKeeperPresence
-from ._zk_session import Session
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ...errors import BackendUnavailable, ConfigError
+from ...lease import token_hint
+from ...urls import BackendURL, parse_options
+from . import nodes
+from .nodes import HELD, LOST, MARK, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
+from .presence import ZooKeeperPresence
+from .session import Session
 
 __all__ = ["ZooKeeperDriver", "ZooKeeperOptions"]
 
