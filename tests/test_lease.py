@@ -165,3 +165,16 @@ def test_a_renewal_reply_is_not_capped_by_its_own_request() -> None:
     unknown = lease.renewal_started(clock.now, 1)
     lease.renewal_unknown(unknown)  # but one whose outcome is unknown counts at what it asked for
     assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1))
+
+
+def test_an_unknown_renewal_is_capped_by_a_shorter_one_still_in_flight() -> None:
+    """Killed mutant (mutmut, renewal_unknown): renewal A (10 s) fails while B (1 s) is still in flight; the
+    server may have applied B after A, so until B answers the lease may claim no more than B would leave."""
+    clock = FakeClock()
+    lease = _lease(clock, ttl=30)
+    a = lease.renewal_started(clock.now, 10)
+    b = lease.renewal_started(clock.now, 1)
+    lease.renewal_unknown(a)
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1))
+    assert lease.extend(clock.now, 1, b)
+    assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1))
