@@ -310,9 +310,16 @@ def _session_bound(target: Any) -> bool:
         return False
 
 
-def _release_quietly(target: Any, lease: Lease, outcome: bool | BaseException) -> None:
+def _report_release(lease: Lease, outcome: bool | BaseException) -> None:
+    # The loss itself was already reported (on_lost, a warning); a failed clean-up means the server keeps the lock
+    # until the client's session ends, which the user must hear of too.
     if isinstance(outcome, BaseException):
-        log.debug("lockkit: releasing %r after its lease ended failed (%r)", lease.name, outcome)
+        log.warning(
+            "lockkit: could not free %r on the server after its lease ended (%s); it stays held until this "
+            "client's session ends: close the locker, or release it with lockkit release --force",
+            lease.name,
+            outcome,
+        )
 
 
 def _settle(entry: Entry, result: Grant | BaseException | None) -> None:
@@ -396,7 +403,7 @@ class RenewalScheduler:
             outcome: bool | BaseException = target.driver.release(lease.name, lease.token)
         except Exception as exc:  # best effort: the session's end frees it otherwise
             outcome = exc
-        _release_quietly(target, lease, outcome)
+        _report_release(lease, outcome)
 
     def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:
@@ -475,7 +482,7 @@ class AsyncRenewalScheduler:
             raise
         except Exception as exc:
             outcome = exc
-        _release_quietly(target, lease, outcome)
+        _report_release(lease, outcome)
 
     async def _renew_batch(self, target: Any, batch: list[Entry]) -> None:
         try:
