@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck servers venv bench mutants clean
+.PHONY: demo test lint typecheck generated servers venv bench mutants clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(BASE)
 servers:
 	bash backends/install.sh
 
+# The blocking face is generated from the asyncio one (CONTRIBUTING.md, "Changing a face"): fail if stale.
+generated: $(DEV)
+	$(BIN)/python scripts/unasync.py --check
+
 lint: $(DEV)
 	$(BIN)/ruff check lockkit tests backends benchmarks scripts
 
@@ -34,6 +38,7 @@ typecheck: $(DEV)
 	$(BIN)/mypy --strict lockkit
 
 test: servers $(DEV)
+	$(BIN)/python scripts/unasync.py --check
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory lint typecheck
 

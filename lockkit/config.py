@@ -36,7 +36,7 @@ from urllib.parse import quote
 from .drivers.epoch import OPTION as FENCING_EPOCH
 from .drivers.epoch import parse_epoch
 from .errors import ConfigError
-from .urls import parse_url, redact
+from .urls import BackendURL, parse_url, redact
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -252,3 +252,19 @@ def resolve_settings(url: str | None = None, env: Mapping[str, str] | None = Non
     if local.is_file():
         return load_file(local, env)
     return settings_for_url(default_state_dir().as_uri(), "embedded default")
+
+
+def backend_url(spec: BackendSpec, source: str) -> BackendURL:
+    """The parsed URL of a configured backend, with its table's options merged in (a clash is an error)."""
+    try:
+        url = parse_url(spec.url)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: backend {spec.name!r}: {exc}") from None
+    if spec.options:
+        merged = dict(url.options)
+        for key, value in spec.options.items():
+            if key in merged:
+                raise ConfigError(f"{source}: backend {spec.name!r}: option {key!r} is set in both url and table")
+            merged[key] = value
+        url = BackendURL(url.scheme, url.hosts, url.path, url.username, url.password, merged)
+    return url

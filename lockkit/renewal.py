@@ -36,7 +36,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._aio import wait_event
+from ._async.cancel_safe import wait_event
 from .driver import Grant, RenewRequest
 from .lease import Lease, LeaseState, RenewalTicket
 from .metrics import BackendStats

@@ -156,6 +156,11 @@ def apply(tree: Path, mutant: Mutant) -> tuple[dict[Path, str], str | None]:
             return {}, f"original text found {count} times in {edit.file} (must be exactly once)"
         saved.setdefault(path, text)
         path.write_text(current.replace(edit.original, edit.replacement))
+    if any("/_async/" in edit.file for edit in mutant.edits):
+        # A mutant of a face's source reaches the blocking face too: regenerate it, as a developer would.
+        for generated in tree.glob("lockkit/**/_sync/*.py"):
+            saved.setdefault(generated, generated.read_text())
+        subprocess.run([sys.executable, str(tree / "scripts" / "unasync.py")], check=True, capture_output=True)
     return saved, None
 
 

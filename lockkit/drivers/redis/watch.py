@@ -12,7 +12,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 
-from ..._aio import wait_event
+from ..._async.cancel_safe import wait_event
 from ...driver import Cancel
 from .hub import Hub, LoopThread, Snapshot
 

@@ -1,0 +1,157 @@
+"""The handle on one named lock: :class:`AsyncLock`, written once for both faces.
+
+This file is the source of :class:`lockkit.Lock` too: ``scripts/unasync.py`` generates
+``lockkit/_sync/lock.py`` from it. Everything that is not I/O lives in :class:`~lockkit.lock_core.LockCore`;
+what differs per face beyond ``await`` (the renewal scheduler, finishing a release whose caller was
+cancelled) comes from the face's ``primitives`` module.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+
+from ..driver import AsyncDriver, Grant
+from ..errors import LockError, LockTimeout
+from ..lease import Lease, RenewalTicket
+from ..lock_core import USE_LOCK_TIMEOUT, LockCore
+from .primitives import async_scheduler, finish_even_if_cancelled
+
+__all__ = ["AsyncLock"]
+
+log = logging.getLogger("lockkit")
+
+
+class AsyncLock:
+    """A handle on one named lock. Create it with :meth:`lockkit.AsyncLocker.lock`.
+
+    Each ``AsyncLock`` holds at most one lease at a time and is not reentrant. Use one ``AsyncLock`` object
+    per holder; to lock the same name from several threads or tasks, give each its own ``AsyncLock`` (they
+    then exclude each other).
+    """
+
+    def __init__(self, core: LockCore) -> None:
+        self._core = core
+
+    @property
+    def name(self) -> str:
+        """The validated lock name."""
+        return self._core.name
+
+    @property
+    def lease(self) -> Lease | None:
+        """The current lease, if this handle holds one (valid or not)."""
+        return self._core.lease
+
+    def _driver(self) -> AsyncDriver:
+        driver: AsyncDriver = self._core.backend.driver
+        return driver
+
+    def _start(self, token: str, grant: Grant, started: float) -> Lease:
+        core = self._core
+        lease = core.granted(token, grant, core.clock() - started)
+        async_scheduler(core.clock).add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
+        return lease
+
+    async def acquire(self, timeout: float | None = USE_LOCK_TIMEOUT) -> Lease:
+        """Wait until held; raise :class:`LockTimeout` after ``timeout`` seconds (``None``: wait forever).
+
+        On the asyncio face, cancelling the caller removes whatever the wait queued on the server.
+        """
+        core = self._core
+        token, deadline = core.begin(timeout)
+        started = core.clock()
+        try:
+            grant = await self._driver().acquire(core.name, token, core.ttl, deadline)
+        except LockError:
+            core.backend.stats.count("errors")
+            raise
+        if grant is None:
+            raise core.timed_out(timeout)
+        return self._start(token, grant, started)
+
+    async def try_acquire(self) -> Lease | None:
+        """One attempt, never waits: the lease, or ``None`` if someone else holds the lock."""
+        try:
+            return await self.acquire(timeout=0)
+        except LockTimeout:
+            return None
+
+    async def renew(self, ttl: float | None = None) -> Lease:
+        """Extend the lease to ``ttl`` (default: the lock's ttl) from now; :class:`LockLost` if it is gone.
+
+        The new deadline replaces the old one, shorter or longer, and automatic renewal goes on with the new
+        ttl: ``renew(ttl=1)`` on a lease granted for 30 s leaves about one second of validity. On the asyncio
+        face, cancelling the caller does not abandon the renewal half-way: it completes in the background and
+        the lease records its outcome.
+        """
+        core = self._core
+        lease = core.held_lease("renew")
+        want, ticket = core.start_renewal(lease, ttl)
+        return await finish_even_if_cancelled(self._renew(lease, want, ticket), f"renewing {core.name!r}")
+
+    async def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
+        core = self._core
+        renewals = async_scheduler(core.clock)
+        try:
+            grant = await self._driver().renew(core.name, lease.token, want)
+        except BaseException as exc:
+            core.renew_errored(lease, ticket, exc)
+            renewals.retune(lease, None)
+            raise
+        try:
+            return core.renewed(lease, grant, ticket)
+        finally:
+            renewals.retune(lease, want)
+
+    async def release(self) -> None:
+        """Release the lock; :class:`LockNotOwned` if it was not ours any more (nothing is deleted then).
+
+        On the asyncio face, cancelling the caller does not abandon the release half-way: it completes in the
+        background, so the lease never says ``valid`` after the server let the lock go, nor is the lock left
+        held with nobody renewing it.
+        """
+        core = self._core
+        lease = core.held_lease("release")
+        async_scheduler(core.clock).remove(lease)
+        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}")
+
+    async def _release(self, lease: Lease) -> Lease:
+        core = self._core
+        try:
+            ok = await self._driver().release(core.name, lease.token)
+        except BaseException as exc:
+            core.release_errored(lease, exc)
+            raise
+        core.after_release(lease, ok)
+        return lease
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock now, as the server sees it (one round trip)."""
+        return (await self._driver().holder(self._core.name)).held
+
+    def owned(self) -> bool:
+        """Whether this handle holds a valid lease now (no network I/O)."""
+        lease = self._core.lease
+        return lease is not None and lease.valid
+
+    async def __aenter__(self) -> Lease:
+        return await self.acquire()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        lease = self._core.lease
+        lost = self._core.exit_error(lease)
+        try:
+            await self.release()
+        except LockError:
+            if exc is None and lost is None:
+                raise
+            if exc is not None:
+                log.warning("lockkit: releasing %r after an error in its block failed", self.name, exc_info=True)
+        if lost is not None and exc is None:
+            raise lost
+
+    def __repr__(self) -> str:
+        return f"AsyncLock({self._core.describe()})"

@@ -1,0 +1,226 @@
+"""The entry point that routes lock names to configured backends: :class:`AsyncLocker`, written once.
+
+This file is the source of :class:`lockkit.Locker` too: ``scripts/unasync.py`` generates
+``lockkit/_sync/locker.py`` from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import TracebackType
+from typing import Any
+
+from ..backend import Backend
+from ..config import BackendSpec, Settings, backend_url
+from ..driver import AsyncDriver, Driver, DriverContext, HolderInfo
+from ..errors import ConfigError, LockError
+from ..lease import LostCallback
+from ..lock_core import DEFAULT_TTL, LockCore
+from ..names import validate_name
+from ..registry import open_async_driver, open_driver
+from ..timing import Clock, default_clock
+from ..urls import BackendURL
+from .lock import AsyncLock
+from .primitives import async_scheduler, face_driver
+
+__all__ = ["AsyncLocker"]
+
+log = logging.getLogger("lockkit")
+
+
+class AsyncLocker:
+    """Routes lock names to the configured backends and hands out :class:`AsyncLock` handles.
+
+    Make one with :func:`lockkit.connect_async` or :func:`lockkit.from_config_async`, and close it when done.
+    """
+
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or default_clock
+        self._backends: dict[str, Backend[AsyncDriver]] = {}
+        self._closed = False
+        try:
+            for spec in settings.backends.values():
+                self._backends[spec.name] = self._open_backend(spec)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _open_backend(self, spec: BackendSpec) -> Backend[AsyncDriver]:
+        source = self.settings.source
+        url = None if spec.migrate is not None else backend_url(spec, source)
+        if url is None:
+            assert spec.migrate is not None
+            shown = f"migrate {spec.migrate['from']} -> {spec.migrate['to']} ({spec.migrate['phase']})"
+        else:
+            shown = str(url)
+        backend: Backend[AsyncDriver] = Backend(spec.name, shown, self.clock)
+        ctx = DriverContext(clock=self.clock, events=backend)
+        try:
+            backend.attach(self._open_driver(spec, url, ctx))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: backend {spec.name!r}: {exc}") from None
+        return backend
+
+    def _open_driver(self, spec: BackendSpec, url: BackendURL | None, ctx: DriverContext) -> AsyncDriver:
+        if url is None:
+            return face_driver(self._open_migrate(spec, ctx))
+        return open_async_driver(url, ctx)
+
+    def _open_migrate(self, spec: BackendSpec, ctx: DriverContext) -> Driver:
+        from ..drivers.migrate import MigrateDriver, MigrateOptions
+
+        assert spec.migrate is not None
+        migrate = spec.migrate
+        try:
+            ttl = float(migrate.get("presence_ttl", "15"))
+        except ValueError:
+            raise ConfigError(f"migrate.presence_ttl must be a number, got {migrate['presence_ttl']!r}") from None
+        options = MigrateOptions(migrate["phase"], migrate.get("group", spec.name), ttl)
+        # The components are blocking drivers on both faces, with their own connections; they report session
+        # events to the migrate backend.
+        backends, source = self.settings.backends, self.settings.source
+        old = open_driver(backend_url(backends[migrate["from"]], source), ctx)
+        try:
+            new = open_driver(backend_url(backends[migrate["to"]], source), ctx)
+        except BaseException:
+            old.close()
+            raise
+        return MigrateDriver(old, new, options, ctx)
+
+    def _abandon(self) -> None:
+        """Close what a failed constructor already opened (best effort, blocking drivers only: no loop to await)."""
+        for backend in self._backends.values():
+            driver = backend.mark_closed()
+            backend.stats.apply_queued()
+            close = getattr(driver, "close", None)
+            if close is not None and isinstance(driver, Driver):
+                try:
+                    close()
+                except Exception:
+                    log.debug("lockkit: closing a half-opened backend failed", exc_info=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LockError("this locker is closed; open a new one with lockkit.connect()")
+
+    def backend_for(self, name: str, backend: str | None = None) -> Backend[AsyncDriver]:
+        """The backend lock ``name`` goes to: ``backend`` if given, else the first matching route."""
+        self._check_open()
+        return self._backends[self.settings.route(validate_name(name), backend)]
+
+    def backends(self) -> list[str]:
+        """The names of the configured backends."""
+        return list(self._backends)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per backend: acquisitions, timeouts, errors, renewals, losses, wait and hold quantiles."""
+        return {name: backend.stats.snapshot() for name, backend in self._backends.items()}
+
+    def guarantees(self) -> dict[str, Any]:
+        """Per backend: what its driver promises (:class:`lockkit.Guarantees`)."""
+        return {name: backend.guarantees for name, backend in self._backends.items()}
+
+    def describe(self) -> dict[str, str]:
+        """Backend name → URL with the password masked."""
+        return {name: backend.shown_url for name, backend in self._backends.items()}
+
+    def lock(
+        self,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: str | None = None,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
+        timeout: float | None = None,
+    ) -> AsyncLock:
+        """A handle on lock ``name`` (nothing is sent to the server until you acquire it)."""
+        valid = validate_name(name)
+        core = LockCore(
+            self.backend_for(valid, backend),
+            valid,
+            ttl,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            timeout=timeout,
+        )
+        return AsyncLock(core)
+
+    async def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
+        """Who holds ``name`` now, as its backend sees it (one round trip)."""
+        return await self.backend_for(name, backend).driver.holder(name)
+
+    async def force_release(self, name: str, *, backend: str | None = None) -> bool:
+        """Administrative: delete the lock whoever holds it (their next renew reports it lost)."""
+        target = self.backend_for(name, backend)
+        done = await target.driver.force_release(name)
+        log.warning(
+            "lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done
+        )
+        return done
+
+    def migrations(self) -> dict[str, Any]:
+        """The migrate backends of this configuration: name → their :class:`MigrateDriver`."""
+        from ..drivers.migrate import MigrateDriver
+        from ..offload import ThreadOffloadDriver
+
+        self._check_open()
+        found: dict[str, Any] = {}
+        for name, backend in self._backends.items():
+            driver: Any = backend.driver
+            if isinstance(driver, ThreadOffloadDriver):
+                driver = driver.sync
+            if isinstance(driver, MigrateDriver):
+                found[name] = driver
+        return found
+
+    async def check(self) -> dict[str, float | LockError]:
+        """Round-trip time in seconds per backend, or the error that reaching it raised."""
+        self._check_open()
+        out: dict[str, float | LockError] = {}
+        for name, backend in self._backends.items():
+            start = self.clock()
+            try:
+                await backend.driver.ping()
+                out[name] = self.clock() - start
+            except LockError as exc:
+                out[name] = exc
+        return out
+
+    async def aclose(self) -> None:
+        """Close every backend's connections; held leases stop renewing and are reported lost.
+
+        No release is sent lock by lock. What the server does with the locks then depends on the backend:
+        etcd and ZooKeeper end the client's session lease or session, which frees its locks at once; on
+        Redis, Redlock and file:// they stay until their TTL passes. Release what you hold first when the
+        next holder should not wait.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        renewals = async_scheduler(self.clock)
+        for backend in self._backends.values():
+            leases = backend.live_leases()
+            driver = backend.mark_closed()
+            backend.stats.apply_queued()
+            for lease in leases:
+                renewals.remove(lease)
+                lease.mark_lost("its locker was closed")
+            if driver is not None:
+                await driver.close()
+
+    async def __aenter__(self) -> AsyncLocker:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={b.shown_url}" for n, b in self._backends.items())
+        return f"{type(self).__name__}({shown}{', closed' if self._closed else ''})"

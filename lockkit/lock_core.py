@@ -1,0 +1,228 @@
+"""What one lock handle knows, with no I/O: :class:`LockCore`, shared by :class:`~lockkit.Lock` and
+:class:`~lockkit.AsyncLock`.
+
+Argument checks, token creation, turning a driver's :class:`Grant` into a :class:`Lease`, statistics and
+the lease registry live here. The faces (``lockkit/_async/lock.py``, written by hand, and
+``lockkit/_sync/lock.py``, generated from it) only make the driver call and register the lease with their
+renewal scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .backend import Backend
+from .driver import Grant
+from .errors import ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
+from .lease import Lease, LostCallback, RenewalTicket, token_hint
+from .names import validate_name
+from .timing import deadline_after, validate_timeout, validate_ttl
+
+__all__ = ["DEFAULT_TTL", "USE_LOCK_TIMEOUT", "LockCore", "new_token"]
+
+log = logging.getLogger("lockkit")
+
+DEFAULT_TTL = 30.0
+
+
+class _TokenSource:
+    """128-bit tokens from the OS CSPRNG, drawn 256 at a time.
+
+    A token is a capability, so never ``random`` or uuid1. One ``getrandom`` call per token cost ~40 µs
+    on some virtual machines; slicing a 4 KiB draw keeps every bit from the CSPRNG at a fraction of that.
+    The pool is dropped after ``fork`` so that parent and child never hand out the same token.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._pool = b""
+        self._pid = 0
+
+    def take(self) -> str:
+        with self._mutex:
+            if len(self._pool) < 16 or self._pid != os.getpid():
+                self._pool = secrets.token_bytes(4096)
+                self._pid = os.getpid()
+            token, self._pool = self._pool[:16], self._pool[16:]
+        return token.hex()
+
+
+_tokens = _TokenSource()
+
+
+def new_token() -> str:
+    """A fresh lease token: 128 random bits as 32 hex characters."""
+    return _tokens.take()
+
+
+USE_LOCK_TIMEOUT: Any = object()
+"""Marks "use the timeout given to ``locker.lock()``" (None there means wait forever)."""
+
+
+class LockCore:
+    """I/O-free state of one lock handle, shared by the blocking and the async face."""
+
+    def __init__(
+        self,
+        backend: Backend[Any],
+        name: object,
+        ttl: object = DEFAULT_TTL,
+        *,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: object = None,
+        timeout: object = None,
+    ) -> None:
+        self.name = validate_name(name)
+        self.ttl = validate_ttl(ttl)
+        self.timeout = validate_timeout(timeout, "timeout")
+        self.max_hold = None if max_hold is None else validate_ttl(max_hold, "max_hold")
+        if not isinstance(auto_renew, bool):
+            raise ConfigError(f"auto_renew must be True or False, got {auto_renew!r}")
+        if on_lost is not None and not callable(on_lost):
+            raise ConfigError(f"on_lost must be a callable taking the lost Lease, got {type(on_lost).__name__}")
+        self.backend = backend
+        self.auto_renew = auto_renew
+        self.on_lost = on_lost
+        self.lease: Lease | None = None
+        self.mutex = threading.Lock()
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.backend.clock
+
+    def begin(self, timeout: object) -> tuple[str, float | None]:
+        """Check we may acquire; return a fresh token and the absolute deadline."""
+        wait = validate_timeout(self.timeout if timeout is USE_LOCK_TIMEOUT else timeout)
+        self.backend.driver  # raises if the locker is closed  # noqa: B018
+        with self.mutex:
+            if self.lease is not None and self.lease.valid:
+                raise LockError(
+                    f"this Lock object already holds {self.name!r}; release it first "
+                    "(use one Lock object per holder: locks are not reentrant)"
+                )
+        return new_token(), deadline_after(self.clock, wait)
+
+    def granted(self, token: str, grant: Grant, waited: float) -> Lease:
+        lease = Lease(
+            name=self.name,
+            token=token,
+            fencing_token=grant.fencing_token,
+            ttl=grant.ttl,
+            sent_at=grant.sent_at,
+            clock=self.clock,
+            backend=self.backend.name,
+            on_lost=[self.on_lost] if self.on_lost else None,
+        )
+        with self.mutex:
+            self.lease = lease
+        self.backend.track(lease)
+        self.backend.stats.count_and_observe("acquisitions", "wait", waited)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("lockkit: acquired %r token=%s fencing=%d", self.name, token_hint(token), grant.fencing_token)
+        return lease
+
+    def timed_out(self, timeout: object) -> LockTimeout:
+        self.backend.stats.count("timeouts")
+        wait = self.timeout if timeout is USE_LOCK_TIMEOUT else timeout
+        return LockTimeout(
+            f"lock {self.name!r} on backend {self.backend.name!r} was not free within {wait} s; "
+            "retry later, or pass a larger timeout"
+        )
+
+    def held_lease(self, action: str) -> Lease:
+        """The lease a release/renew acts on; ``LockNotOwned`` if this handle holds none here."""
+        with self.mutex:
+            lease = self.lease
+        if lease is None:
+            raise LockNotOwned(f"cannot {action} {self.name!r}: this Lock object does not hold it")
+        if lease.owner_pid != os.getpid():
+            raise LockNotOwned(
+                f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "
+                "a forked child never inherits its parent's locks"
+            )
+        return lease
+
+    def finish(self, lease: Lease, released: bool) -> None:
+        """Forget a lease that was released (counted) or found gone."""
+        with self.mutex:
+            if self.lease is lease:
+                self.lease = None
+        self.backend.forget(lease)
+        held = max(0.0, self.clock() - lease.acquired_at)
+        if released:
+            self.backend.stats.count_and_observe("releases", "hold", held)
+        else:
+            self.backend.stats.observe("hold", held)
+
+    def after_release(self, lease: Lease, ok: bool) -> None:
+        """Forget the lease; ``LockNotOwned`` if the server no longer held our token."""
+        self.finish(lease, released=ok)
+        if not ok:
+            raise self.release_failed(lease)
+        lease.mark_released()
+
+    def release_failed(self, lease: Lease) -> LockNotOwned:
+        lease.mark_lost("the server no longer held our token at release (expired or taken over)")
+        return LockNotOwned(
+            f"lock {self.name!r} was no longer ours at release (it expired or was taken); "
+            "nothing was deleted. Use a longer ttl or keep auto_renew on"
+        )
+
+    def release_errored(self, lease: Lease, error: BaseException) -> None:
+        """A release raised (or its task was cancelled): the server may still hold the lock until its TTL.
+
+        The lease is no longer trusted either way, and nothing renews it any more (it left the scheduler
+        before the call), so it must not keep saying ``valid``.
+        """
+        if isinstance(error, LockError):
+            self.backend.stats.count("errors")
+        lease.mark_released()
+        self.finish(lease, released=False)
+
+    def start_renewal(self, lease: Lease, ttl: object) -> tuple[float, RenewalTicket]:
+        """Check a direct renew and note it on the lease before it is sent (see :meth:`Lease.renewal_started`)."""
+        self.check_renewable(lease)
+        want = self.ttl if ttl is None else validate_ttl(ttl)
+        return want, lease.renewal_started(self.clock(), want)
+
+    def renew_errored(self, lease: Lease, ticket: RenewalTicket, error: BaseException) -> None:
+        """A direct renew raised or was cancelled: it may have reached the server, so cap the lease by it."""
+        if isinstance(error, LockError):
+            self.backend.stats.count("errors")
+        lease.renewal_unknown(ticket)
+
+    def renewed(self, lease: Lease, grant: Grant | None, ticket: RenewalTicket | None = None) -> Lease:
+        if grant is None:
+            if ticket is not None:
+                lease.renewal_refused(ticket)
+            if lease.mark_lost("renew found the server no longer holds our token"):
+                self.backend.stats.count("losses")
+            raise LockLost(f"lock {self.name!r} was lost: the server no longer holds our token")
+        if not lease.extend(grant.sent_at, grant.ttl, ticket):
+            lease.ensure_valid()
+            raise LockLost(f"lock {self.name!r} was lost before the renewal completed")
+        self.backend.stats.count("renewals")
+        return lease
+
+    def check_renewable(self, lease: Lease) -> None:
+        if not lease.valid:
+            lease.ensure_valid()
+
+    def exit_error(self, lease: Lease | None) -> LockLost | None:
+        """What ``__exit__`` must tell the block if the lock was lost while it ran."""
+        if lease is not None and not lease.valid and lease.owner_pid == os.getpid():
+            return LockLost(
+                f"lock {self.name!r} was lost while the with-block ran ({lease.lost_reason}); "
+                "its work may have overlapped another holder's"
+            )
+        return None
+
+    def describe(self) -> str:
+        held = self.lease is not None and self.lease.valid
+        return f"name={self.name!r}, backend={self.backend.name!r}, ttl={self.ttl:g}, {'held' if held else 'not held'}"
