@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .backend import Backend
+from .configured_backend import Backend
 from .driver import Grant
 from .errors import ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
 from .lease import Lease, LostCallback, RenewalTicket, token_hint

@@ -140,7 +140,7 @@ def test_backend_registry_does_not_keep_dropped_leases_alive() -> None:
     import gc
 
     from lockkit import backend as backend_module
-    from lockkit.backend import Backend
+    from lockkit.configured_backend import Backend
 
     clock = FakeClock()
     registry: Backend[Any] = Backend("b", "memory://", clock)

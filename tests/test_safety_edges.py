@@ -21,7 +21,7 @@ import pytest
 
 import lockkit
 from backends.servers import EtcdServer, RedisServer, RedlockServers, ZooKeeperServer
-from lockkit.backend import Backend
+from lockkit.configured_backend import Backend
 from lockkit.lease import Lease
 
 

@@ -11,8 +11,8 @@ import os
 from types import TracebackType
 from typing import Any
 
-from ..backend import Backend
 from ..config import BackendSpec, Settings, backend_url
+from ..configured_backend import Backend
 from ..driver import AsyncDriver, Driver, DriverContext, HolderInfo
 from ..errors import ConfigError, LockError
 from ..lease import LostCallback
