@@ -139,7 +139,7 @@ def test_ttl_and_timeout_validation() -> None:
 def test_backend_registry_does_not_keep_dropped_leases_alive() -> None:
     import gc
 
-    from lockkit import backend as backend_module
+    from lockkit import configured_backend as backend_module
     from lockkit.configured_backend import Backend
 
     clock = FakeClock()
