@@ -31,6 +31,7 @@ from .errors import (
     LockNotOwned,
     LockTimeout,
 )
+from .guarded import current_lease
 from .lease import Lease, LeaseState
 from .lock import Lock
 from .locker import AsyncLocker, Locker, connect, connect_async, from_config, from_config_async
@@ -57,6 +58,7 @@ __all__ = [
     "__version__",
     "connect",
     "connect_async",
+    "current_lease",
     "from_config",
     "from_config_async",
 ]

@@ -23,7 +23,6 @@ and never show a secret.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import sys
@@ -36,6 +35,7 @@ from urllib.parse import quote
 from .drivers.epoch import OPTION as FENCING_EPOCH
 from .drivers.epoch import parse_epoch
 from .errors import ConfigError
+from .routes import Route, check_shadowing, parse_route
 from .urls import BackendURL, parse_url, redact
 
 if sys.version_info >= (3, 11):
@@ -64,9 +64,9 @@ class BackendSpec:
 @dataclass(frozen=True)
 class Settings:
     backends: Mapping[str, BackendSpec]
-    routes: tuple[tuple[str, str], ...] = ()
+    routes: tuple[Route, ...] = ()
     default: str = DEFAULT_BACKEND
-    source: str = "<url>"
+    source: str = "<url>"  # URL_SOURCE
 
     def route(self, name: str, backend: str | None = None) -> str:
         """The backend name a lock name goes to: explicit override, first matching route, else the default."""
@@ -75,10 +75,15 @@ class Settings:
                 known = ", ".join(sorted(self.backends))
                 raise ConfigError(f"no backend named {backend!r} in {self.source}; configured: {known}")
             return backend
-        for pattern, target in self.routes:
-            if fnmatch.fnmatchcase(name, pattern):
-                return target
-        return self.default
+        route = self.route_for(name)
+        return self.default if route is None else route.backend
+
+    def route_for(self, name: str) -> Route | None:
+        """The first route that matches ``name``; ``None`` when it goes to the default backend."""
+        for route in self.routes:
+            if route.matches(name):
+                return route
+        return None
 
 
 def default_state_dir() -> Path:
@@ -87,7 +92,11 @@ def default_state_dir() -> Path:
     return Path(base) / "lockkit" / "locks"
 
 
-def settings_for_url(url: str, source: str = "<url>") -> Settings:
+URL_SOURCE = "<url>"
+"""The source of settings made from a URL passed in code."""
+
+
+def settings_for_url(url: str, source: str = URL_SOURCE) -> Settings:
     return Settings({DEFAULT_BACKEND: BackendSpec(DEFAULT_BACKEND, url)}, (), DEFAULT_BACKEND, source)
 
 
@@ -190,14 +199,12 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
         raise ConfigError(
             f"{source}: default = {default!r} names no backend; configured: {', '.join(sorted(backends))}"
         )
-    routes: list[tuple[str, str]] = []
-    for pattern, target in _table(data.get("routes", {}), f"{source}: [routes]").items():
-        if not isinstance(target, str) or target not in backends:
-            raise ConfigError(
-                f"{source}: [routes] {pattern!r} = {target!r} names no backend; "
-                f"configured: {', '.join(sorted(backends))}"
-            )
-        routes.append((pattern, target))
+    where_routes = f"{source}: [routes]"
+    routes = [
+        parse_route(pattern, value, backends, where_routes)
+        for pattern, value in _table(data.get("routes", {}), where_routes).items()
+    ]
+    check_shadowing(routes, where_routes)
     for name, backend_spec in backends.items():
         if backend_spec.migrate is not None:
             for role in ("from", "to"):
@@ -259,7 +266,7 @@ def backend_url(spec: BackendSpec, source: str) -> BackendURL:
     try:
         url = parse_url(spec.url)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: backend {spec.name!r}: {exc}") from None
+        raise ConfigError(f"{where_backend(source, spec.name)}{exc}") from None
     if spec.options:
         merged = dict(url.options)
         for key, value in spec.options.items():
@@ -268,3 +275,9 @@ def backend_url(spec: BackendSpec, source: str) -> BackendURL:
             merged[key] = value
         url = BackendURL(url.scheme, url.hosts, url.path, url.username, url.password, merged)
     return url
+
+
+def where_backend(source: str, backend: str) -> str:
+    """How an error about one backend says where it was configured: nothing more for a URL given in code
+    (``connect(url)`` has one backend, named by nobody), else the file (or variable) and the backend's name."""
+    return "" if source == URL_SOURCE else f"{source}: backend {backend!r}: "

@@ -237,15 +237,19 @@ class Lease:
             if self._state in (LeaseState.HELD, LeaseState.UNCERTAIN):
                 self._state = LeaseState.RELEASED
 
-    def mark_lost(self, reason: str) -> bool:
-        """Move to LOST and fire the callbacks once. False if it was already over."""
+    def mark_lost(self, reason: str, *, warn: bool = True) -> bool:
+        """Move to LOST and fire the callbacks once. False if it was already over.
+
+        ``warn=False`` when the caller reports the loss itself, once for many leases (a closing locker).
+        """
         with self._mutex:
             if self._state in (LeaseState.LOST, LeaseState.RELEASED):
                 return False
             self._state = LeaseState.LOST
             self._reason = reason
             callbacks, self._callbacks = self._callbacks, []
-        log.warning("lockkit: lock %r lost (%s)", self.name, reason)
+        if warn:
+            log.warning("lockkit: lock %r lost (%s)", self.name, reason)
         for callback in callbacks:
             self._call(callback)
         return True

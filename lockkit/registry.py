@@ -16,14 +16,24 @@ import importlib
 import importlib.metadata
 import types
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from .driver import AsyncDriver, Driver, DriverContext, Guarantees
 from .errors import ConfigError
 from .offload import ThreadOffloadDriver
 from .urls import BackendURL
 
-__all__ = ["DriverFactory", "builtin_schemes", "load_factory", "open_async_driver", "open_driver"]
+if TYPE_CHECKING:
+    from .config import Settings
+
+__all__ = [
+    "DriverFactory",
+    "builtin_schemes",
+    "declared_guarantees",
+    "load_factory",
+    "open_async_driver",
+    "open_driver",
+]
 
 
 class DriverFactory(Protocol):
@@ -136,3 +146,25 @@ def open_async_driver(url: BackendURL, ctx: DriverContext) -> AsyncDriver:
     from .drivers.epoch import AsyncEpochDriver
 
     return AsyncEpochDriver(driver, epoch)
+
+
+def declared_guarantees(settings: Settings) -> dict[str, Guarantees]:
+    """What each configured backend's driver declares, read from its class: nothing is connected.
+
+    A ``migrate`` backend offers the weaker of its two sides in each respect, whatever its phase: a migration
+    passes through every phase, and a route must hold on each (see
+    :func:`lockkit.drivers.migrate.combined_guarantees`).
+    """
+    from .urls import parse_url
+
+    out: dict[str, Guarantees] = {}
+    for spec in settings.backends.values():
+        if spec.migrate is None:
+            out[spec.name] = load_factory(parse_url(spec.url).scheme).guarantees
+    for spec in settings.backends.values():
+        if spec.migrate is not None:
+            from .drivers.migrate import combined_guarantees
+
+            old, new = out[spec.migrate["from"]], out[spec.migrate["to"]]
+            out[spec.name] = combined_guarantees(old, new, "both")
+    return out

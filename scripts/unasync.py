@@ -34,6 +34,7 @@ Rule = tuple[str, str]
 RULES: list[Rule] = [
     # syntax
     (r"async def ", "def "),
+    (r"async with ", "with "),
     (r"await ", ""),
     (r"__aenter__", "__enter__"),
     (r"__aexit__", "__exit__"),

@@ -6,14 +6,33 @@ functions are all that a face has to say beyond ``await``.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
 from ..driver import AsyncDriver, Driver
+from ..errors import ConfigError
 from ..offload import ThreadOffloadDriver
 from ..renewal import async_scheduler
 from .cancel_safe import finish_even_if_cancelled
 
-__all__ = ["async_scheduler", "face_driver", "finish_even_if_cancelled"]
+__all__ = ["Guarded", "async_scheduler", "check_guarded", "face_driver", "finish_even_if_cancelled"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Guarded = Callable[P, Awaitable[T]]
+"""What this face's ``locked()`` decorates: a coroutine function."""
 
 
 def face_driver(driver: Driver) -> AsyncDriver:
     """A blocking driver (a ``migrate`` backend's) as this face calls it: through worker threads."""
     return ThreadOffloadDriver(driver)
+
+
+def check_guarded(fn: Callable[..., Any]) -> None:
+    """``AsyncLocker.locked`` wraps coroutine functions only: a blocking one would hold the lock for no time."""
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(
+            f"AsyncLocker.locked() decorates async functions; {fn.__qualname__}() is not one: "
+            "use a blocking Locker (lockkit.connect) for it"
+        )

@@ -8,27 +8,38 @@ This file is the source of :class:`lockkit.Locker` too: ``scripts/unasync.py`` g
 
 from __future__ import annotations
 
+import functools
+import getpass
 import logging
 import os
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from ..config import BackendSpec, Settings, backend_url
+from ..config import BackendSpec, Settings, backend_url, where_backend
 from ..configured_backend import Backend
 from ..driver import Driver, DriverContext, HolderInfo
 from ..errors import ConfigError, LockError
-from ..lease import LostCallback
+from ..guarded import NameTemplate, enter_call, leave_call
+from ..lease import Lease, LostCallback
 from ..lock_core import DEFAULT_TTL, LockCore
 from ..names import validate_name
-from ..registry import open_driver
+from ..registry import declared_guarantees, open_driver
+from ..routes import check_requirements
 from ..timing import Clock, default_clock
 from ..urls import BackendURL
 from .lock import Lock
-from .primitives import face_driver, scheduler
+from .primitives import Guarded, check_guarded, face_driver, scheduler
 
-__all__ = ["Locker"]
+__all__ = ["CLOSE_RELEASE_SECONDS", "Locker"]
 
 log = logging.getLogger("lockkit")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+CLOSE_RELEASE_SECONDS = 5.0
+"""How long closing a locker spends releasing the locks still held, in all, before it gives up on the rest."""
 
 
 class Locker:
@@ -42,6 +53,8 @@ class Locker:
         self.clock = clock or default_clock
         self._backends: dict[str, Backend[Driver]] = {}
         self._closed = False
+        if any(route.require for route in settings.routes):  # before anything connects
+            check_requirements(settings.routes, declared_guarantees(settings), f"{settings.source}: [routes]")
         try:
             for spec in settings.backends.values():
                 self._backends[spec.name] = self._open_backend(spec)
@@ -62,7 +75,7 @@ class Locker:
         try:
             backend.attach(self._open_driver(spec, url, ctx))
         except ConfigError as exc:
-            raise ConfigError(f"{source}: backend {spec.name!r}: {exc}") from None
+            raise ConfigError(f"{where_backend(source, spec.name)}{exc}") from None
         return backend
 
     def _open_driver(self, spec: BackendSpec, url: BackendURL | None, ctx: DriverContext) -> Driver:
@@ -152,6 +165,52 @@ class Locker:
         )
         return Lock(core)
 
+    def locked(
+        self,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: str | None = None,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[Guarded[P, T]], Guarded[P, T]]:
+        """Decorate a function so that each call runs holding lock ``name``; the same arguments as :meth:`lock`.
+
+        ``name`` may name the function's parameters in braces (``"report:{day}"``), formatted from each call's
+        arguments. Inside the call, :func:`lockkit.current_lease` is the lease it holds. Errors are those of
+        :meth:`Lock.acquire` and of leaving ``async with`` (``LockTimeout``, ``LockLost``, …).
+        """
+        template = NameTemplate(name)
+        options: dict[str, Any] = {
+            "backend": backend,
+            "auto_renew": auto_renew,
+            "on_lost": on_lost,
+            "max_hold": max_hold,
+            "timeout": timeout,
+        }
+        if not template.fields:
+            self.lock(name, ttl, **options)  # a bad name, ttl or option fails here, at decoration
+
+        def decorate(fn: Guarded[P, T]) -> Guarded[P, T]:
+            check_guarded(fn)
+            signature = template.check(fn)
+
+            @functools.wraps(fn)
+            def run_locked(*args: P.args, **kwargs: P.kwargs) -> T:
+                lock = self.lock(template.format(signature, args, kwargs), ttl, **options)
+                with lock as lease:
+                    entry = enter_call(lease)
+                    try:
+                        return fn(*args, **kwargs)
+                    finally:
+                        leave_call(entry)
+
+            return run_locked
+
+        return decorate
+
     def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
         """Who holds ``name`` now, as its backend sees it (one round trip)."""
         return self.backend_for(name, backend).driver.holder(name)
@@ -161,7 +220,12 @@ class Locker:
         target = self.backend_for(name, backend)
         done = target.driver.force_release(name)
         log.warning(
-            "lockkit: force-released %r on backend %r by pid %d (held: %s)", name, target.name, os.getpid(), done
+            "lockkit: %s (pid %d) force-released %r on backend %r (%s)",
+            _user_name(),
+            os.getpid(),
+            name,
+            target.name,
+            "it was held" if done else "it was not held",
         )
         return done
 
@@ -194,26 +258,72 @@ class Locker:
         return out
 
     def close(self) -> None:
-        """Close every backend's connections; held leases stop renewing and are reported lost.
+        """Release what this locker's locks hold, then close every backend's connections.
 
-        No release is sent lock by lock. What the server does with the locks then depends on the backend:
-        etcd and ZooKeeper end the client's session lease or session, which frees its locks at once; on
-        Redis, Redlock and file:// they stay until their TTL passes. Release what you hold first when the
-        next holder should not wait.
+        Each held lock is released (owner-checked, as :meth:`Lock.release` does), one backend after
+        another, for at most :data:`CLOSE_RELEASE_SECONDS` in all; a backend that fails to answer gets no
+        further attempts. What could not be released is reported once per backend (a WARNING on the
+        ``lockkit`` logger, the ``losses`` statistic, each lease's ``on_lost``): it stays taken on the server
+        until its TTL passes (Redis, Redlock, file://) or the client's session ends (etcd, ZooKeeper, which
+        the close itself ends). Locks a forked child inherited from its parent are the parent's: never
+        released here. Idempotent.
         """
         if self._closed:
             return
         self._closed = True
         renewals = scheduler(self.clock)
+        deadline = self.clock() + CLOSE_RELEASE_SECONDS
         for backend in self._backends.values():
-            leases = backend.live_leases()
-            driver = backend.mark_closed()
-            backend.stats.apply_queued()
+            leases = [lease for lease in backend.live_leases() if lease.owner_pid == os.getpid()]
             for lease in leases:
                 renewals.remove(lease)
-                lease.mark_lost("its locker was closed")
+            driver = backend.mark_closed()
+            if driver is not None:
+                self._release_at_close(backend, driver, leases, deadline)
+            backend.stats.apply_queued()
             if driver is not None:
                 driver.close()
+
+    def _release_at_close(
+        self, backend: Backend[Driver], driver: Driver, leases: list[Lease], deadline: float
+    ) -> None:
+        kept: list[Lease] = []
+        why = ""
+        for lease in leases:
+            released = False
+            if not why and self.clock() >= deadline:
+                why = f"the {CLOSE_RELEASE_SECONDS:g} s allowed for releasing at close ran out"
+            if not why:
+                try:
+                    released = driver.release(lease.name, lease.token)
+                except Exception as exc:  # unreachable or refused: spare the rest of this backend the wait
+                    why = f"releasing {lease.name!r} failed: {exc}"
+            backend.forget(lease)
+            if released:
+                lease.mark_released()
+                backend.stats.count("releases")
+            else:
+                kept.append(lease)
+        lost = [lease for lease in kept if lease.mark_lost("its locker was closed", warn=False)]
+        for _ in lost:
+            backend.stats.count("losses")
+        if not lost:
+            return
+        if why:
+            log.warning(
+                "lockkit: closing backend %r left %d lock(s) held on the server (%s); they stay taken until their "
+                "TTL passes or the session ends: release locks before closing, or check the backend",
+                backend.name,
+                len(lost),
+                why,
+            )
+        else:
+            log.warning(
+                "lockkit: closing backend %r found %d lock(s) no longer this client's (expired or taken over "
+                "before the close); nothing of another holder's was touched",
+                backend.name,
+                len(lost),
+            )
 
     def __enter__(self) -> Locker:
         return self
@@ -226,3 +336,11 @@ class Locker:
     def __repr__(self) -> str:
         shown = ", ".join(f"{n}={b.shown_url}" for n, b in self._backends.items())
         return f"{type(self).__name__}({shown}{', closed' if self._closed else ''})"
+
+
+def _user_name() -> str:
+    """Who is acting, for the audit line of a forced release: the login name, else the uid."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no USER/LOGNAME and no passwd entry (a bare container)
+        return f"uid {os.getuid()}"

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+import inspect
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 from ..driver import Driver
+from ..errors import ConfigError
 from ..renewal import scheduler
 
-__all__ = ["face_driver", "finish_even_if_cancelled", "scheduler"]
+__all__ = ["Guarded", "check_guarded", "face_driver", "finish_even_if_cancelled", "scheduler"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
+Guarded = Callable[P, T]
+"""What this face's ``locked()`` decorates: a plain function."""
 
 
 def face_driver(driver: Driver) -> Driver:
@@ -24,3 +30,12 @@ def finish_even_if_cancelled(result: T, what: str) -> T:
     wraps has finished, so its result is simply passed on.
     """
     return result
+
+
+def check_guarded(fn: Callable[..., Any]) -> None:
+    """``Locker.locked`` wraps plain functions only: a coroutine function would return before its work ran."""
+    if inspect.iscoroutinefunction(fn):
+        raise ConfigError(
+            f"Locker.locked() decorates plain functions; {fn.__qualname__}() is async: "
+            "use an AsyncLocker (lockkit.connect_async) for it"
+        )

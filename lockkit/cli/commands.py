@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -21,10 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
-from ..config import resolve_settings
+from ..config import Settings, load_file, resolve_settings
+from ..driver import Guarantees
 from ..errors import BackendUnavailable, ConfigError, LockError, LockTimeout
 from ..lease import Lease
-from ..locker import Locker, from_config
+from ..locker import Locker
+from ..names import validate_name
 
 EXIT_LOST = 70
 EXIT_TIMEOUT = 75
@@ -35,10 +38,14 @@ TERM_GRACE = 10.0
 log = logging.getLogger("lockkit")
 
 
-def _locker(args: argparse.Namespace) -> Locker:
+def _settings(args: argparse.Namespace) -> Settings:
     if getattr(args, "config", None):
-        return from_config(args.config)
-    return Locker(resolve_settings(args.url), None)
+        return load_file(args.config)
+    return resolve_settings(getattr(args, "url", None))
+
+
+def _locker(args: argparse.Namespace) -> Locker:
+    return Locker(_settings(args), None)
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -127,11 +134,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if not info.held:
             print(f"{args.name}: free on backend {backend!r}" + (f" ({info.waiters} waiting)" if info.waiters else ""))
             return 0
-        parts = [f"held on backend {backend!r}", f"holder token {info.token_hint}…"]
+        parts = [f"held on backend {backend!r}"]
+        parts.append(f"holder token {info.token_hint}…" if info.token_hint else "holder not a lockkit client")
         if info.fencing_token is not None:
             parts.append(f"fencing token {info.fencing_token}")
         if info.ttl_left is not None:
             parts.append(f"{info.ttl_left:.1f}s left")
+        elif locks.guarantees()[backend].lifetime == "session":
+            parts.append("no TTL: held until its holder releases it or its session ends")
+        else:
+            parts.append("no expiry set")
         if info.waiters:
             parts.append(f"{info.waiters} waiting")
         print(f"{args.name}: " + ", ".join(parts))
@@ -143,13 +155,61 @@ def _cmd_release(args: argparse.Namespace) -> int:
         print("lockkit release: releasing another holder's lock is an administrative act; add --force", file=sys.stderr)
         return EXIT_USAGE
     with _locker(args) as locks:
-        user = os.environ.get("USER") or str(os.getuid())
-        log.warning("lockkit: %s forced release of %r", user, args.name)
         held = locks.force_release(args.name, backend=args.backend)
         print(
             f"{args.name}: {'released (its holder will find it lost at its next renewal)' if held else 'was not held'}"
         )
     return 0
+
+
+def _cmd_routes(args: argparse.Namespace) -> int:
+    from ..registry import declared_guarantees
+
+    settings = _settings(args)
+    guarantees = declared_guarantees(settings)
+    if args.json:
+        print(json.dumps(_routes_json(settings, guarantees, args.names)))
+        return 0
+    if args.names:
+        for name in args.names:
+            route = settings.route_for(validate_name(name))
+            backend = settings.default if route is None else route.backend
+            why = "the default backend: no route matches" if route is None else f"route {route.pattern!r}"
+            print(f"{name} -> {backend}  ({why}; {_offered(guarantees[backend])})")
+        return 0
+    print(f"routes of {settings.source} (first match wins):")
+    for route in settings.routes:
+        need = f"  requires {', '.join(route.require)}" if route.require else ""
+        print(f"  {route.pattern:<24} -> {route.backend}{need}")
+    print(f"  {'(anything else)':<24} -> {settings.default}")
+    print("backends:")
+    for name, offered in guarantees.items():
+        print(f"  {name:<12} {_offered(offered)}")
+    return 0
+
+
+def _offered(g: Guarantees) -> str:
+    wakeup = "server wake-up" if g.server_wakeup else "polling"
+    return (
+        f"scope {g.scope}, fencing {g.fencing}, {'FIFO' if g.fifo else 'not FIFO'}, "
+        f"{'survives failover' if g.survives_failover else 'no failover'}, lifetime {g.lifetime}, {wakeup}"
+    )
+
+
+def _routes_json(settings: Settings, guarantees: dict[str, Guarantees], names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "source": settings.source,
+        "default": settings.default,
+        "routes": [dataclasses.asdict(route) for route in settings.routes],
+        "backends": {name: dataclasses.asdict(g) for name, g in guarantees.items()},
+    }
+    if names:
+        found = {name: settings.route_for(validate_name(name)) for name in names}
+        out["names"] = {
+            name: {"backend": settings.default if r is None else r.backend, "route": None if r is None else r.pattern}
+            for name, r in found.items()
+        }
+    return out
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -257,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockkit", description="Distributed locks from the shell.")
     parser.add_argument("--version", action="version", version=f"lockkit {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log lockkit's debug messages to stderr")
+    # Also accepted before the subcommand (lockkit --config f status x); main() hands them on.
+    parser.add_argument("--url", dest="top_url", metavar="URL", help="backend URL, for every subcommand")
+    parser.add_argument("--config", dest="top_config", metavar="FILE", help="a lockkit.toml, for every subcommand")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
@@ -284,6 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--force", action="store_true", help="required: you are taking someone's lock away")
     _add_target(release)
     release.set_defaults(func=_cmd_release)
+
+    routes = sub.add_parser(
+        "routes",
+        help="show which backend each lock name goes to, and what each backend guarantees",
+        description="Without NAME: the routes in order (first match wins), the default, and each backend's "
+        "guarantees. With names: the backend each name goes to and why. Nothing is connected.",
+    )
+    routes.add_argument("names", nargs="*", metavar="NAME")
+    routes.add_argument("--url", help="show the routes of this URL (one backend) instead of the configuration")
+    routes.add_argument("--config", help="a lockkit.toml to use")
+    routes.add_argument("--json", action="store_true", help="machine-readable output")
+    routes.set_defaults(func=_cmd_routes)
 
     check = sub.add_parser("check", help="reach every configured backend and print the round-trip time")
     check.add_argument("--url", help="check this URL instead of the configuration")
@@ -340,11 +415,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in words:
         cut = words.index("--")
         words, command = words[:cut], words[cut + 1 :]
-    args = build_parser().parse_args(words)
+    parser = build_parser()
+    args = parser.parse_args(words)
     args.command = command
+    for option in ("url", "config"):
+        given = getattr(args, "top_" + option)
+        if given is None:
+            continue
+        if not hasattr(args, option):
+            parser.error(f"lockkit {args.cmd} takes no --{option}")
+        if getattr(args, option) not in (None, given):
+            parser.error(f"--{option} given twice, before and after {args.cmd!r}, with different values")
+        setattr(args, option, given)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     try:
         code: int = args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: the shell's convention, without a traceback
+        print(f"lockkit {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except (ConfigError, ValueError) as exc:
         print(f"lockkit {args.cmd}: {exc}", file=sys.stderr)
         return EXIT_USAGE
