@@ -9,15 +9,8 @@ import pytest
 
 from lockkit import LeaseState, LockLost
 from lockkit.lease import Lease
+from lockkit.testing import FakeClock
 from lockkit.timing import drift, lease_deadline, validate_timeout, validate_ttl
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _lease(clock: FakeClock, ttl: float = 10.0, **kwargs: object) -> Lease:
@@ -25,32 +18,32 @@ def _lease(clock: FakeClock, ttl: float = 10.0, **kwargs: object) -> Lease:
 
 
 def test_validity_counts_from_send_minus_drift() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock)
     assert lease.expires_at == pytest.approx(1000 + 10 - (10 * 0.01 + 0.002))
     assert lease.remaining() == pytest.approx(10 - drift(10))
-    clock.now = lease.expires_at - 1e-6
+    clock.set(lease.expires_at - 1e-6)
     assert lease.valid
-    clock.now = lease.expires_at
+    clock.set(lease.expires_at)
     assert not lease.valid and lease.remaining() == 0 and lease.state is LeaseState.LOST
     with pytest.raises(LockLost, match="TTL passed"):
         lease.ensure_valid()
 
 
 def test_renewal_that_returns_after_the_deadline_does_not_revive() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock, ttl=3)
     sent = clock.now + 1
-    clock.now += 3.5  # the renew request hung past the deadline
+    clock.advance(3.5)  # the renew request hung past the deadline
     assert not lease.extend(sent, 3)
     assert not lease.valid
 
 
 def test_extend_replaces_the_deadline_with_what_the_server_has() -> None:
     """A-1: a renewal sets the server's expiry to its own ttl, shorter or longer, so the lease follows it."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock, ttl=10)
-    clock.now += 1
+    clock.advance(1)
     assert lease.extend(clock.now, 1)
     assert lease.expires_at == pytest.approx(lease_deadline(clock.now, 1)) and lease.ttl == 1
     assert lease.extend(clock.now, 20)
@@ -58,10 +51,10 @@ def test_extend_replaces_the_deadline_with_what_the_server_has() -> None:
 
 
 def test_overlapping_renewals_trust_the_lowest_deadline_either_could_leave() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock, ttl=10)
     older = lease.renewal_started(clock.now, 10)
-    clock.now += 0.5
+    clock.advance(0.5)
     newer = lease.renewal_started(clock.now, 1)
     assert lease.extend(clock.now, 1, newer)
     assert lease.extend(clock.now - 0.5, 10, older)  # a reordered, older renewal: it may have landed first
@@ -72,7 +65,7 @@ def test_overlapping_renewals_trust_the_lowest_deadline_either_could_leave() -> 
 
 
 def test_lost_fires_callbacks_once_and_late_callbacks_at_once() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     seen: list[str] = []
     lease = _lease(clock, on_lost=[lambda _lease: seen.append("a")])
     assert lease.mark_lost("test")
@@ -83,7 +76,7 @@ def test_lost_fires_callbacks_once_and_late_callbacks_at_once() -> None:
 
 
 def test_callback_errors_do_not_escape(caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
 
     def boom(lease: Lease) -> None:
         raise RuntimeError("callback failed")
@@ -94,7 +87,7 @@ def test_callback_errors_do_not_escape(caplog: pytest.LogCaptureFixture) -> None
 
 
 def test_uncertain_then_restored() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock)
     lease.mark_uncertain("session suspended")
     assert not lease.valid
@@ -103,12 +96,12 @@ def test_uncertain_then_restored() -> None:
     lease.mark_restored()
     assert lease.valid
     lease.mark_uncertain("again")
-    clock.now = lease.expires_at + 1
+    clock.set(lease.expires_at + 1)
     assert lease.state is LeaseState.LOST
 
 
 def test_released_lease_is_not_valid() -> None:
-    lease = _lease(FakeClock())
+    lease = _lease(FakeClock(1000.0))
     lease.mark_released()
     assert not lease.valid
     assert not lease.mark_lost("after release")
@@ -117,7 +110,7 @@ def test_released_lease_is_not_valid() -> None:
 
 
 def test_token_never_in_repr() -> None:
-    lease = _lease(FakeClock())
+    lease = _lease(FakeClock(1000.0))
     assert lease.token not in repr(lease) and "fencing_token=7" in repr(lease)
 
 
@@ -142,7 +135,7 @@ def test_backend_registry_does_not_keep_dropped_leases_alive() -> None:
     from lockkit import configured_backend as backend_module
     from lockkit.configured_backend import Backend
 
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     registry: Backend[Any] = Backend("b", "memory://", clock)
     kept = Lease(name="kept", token="k" * 32, fencing_token=1, ttl=10, sent_at=clock.now, clock=clock)
     registry.track(kept)
@@ -157,7 +150,7 @@ def test_backend_registry_does_not_keep_dropped_leases_alive() -> None:
 
 def test_a_renewal_reply_is_not_capped_by_its_own_request() -> None:
     """A backend may give more than was asked (ZooKeeper: the session timeout; etcd: whole seconds)."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock, ttl=6)
     ticket = lease.renewal_started(clock.now, 5)
     assert lease.extend(clock.now, 6, ticket)
@@ -170,7 +163,7 @@ def test_a_renewal_reply_is_not_capped_by_its_own_request() -> None:
 def test_an_unknown_renewal_is_capped_by_a_shorter_one_still_in_flight() -> None:
     """Killed mutant (mutmut, renewal_unknown): renewal A (10 s) fails while B (1 s) is still in flight; the
     server may have applied B after A, so until B answers the lease may claim no more than B would leave."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     lease = _lease(clock, ttl=30)
     a = lease.renewal_started(clock.now, 10)
     b = lease.renewal_started(clock.now, 1)

@@ -11,6 +11,7 @@ import pytest
 
 import lockkit
 from lockkit.renewal import RenewalBook, scheduler
+from lockkit.testing import FakeClock
 
 
 def _threads() -> set[str]:
@@ -52,16 +53,8 @@ def test_auto_renew_off_fires_on_lost_at_the_deadline() -> None:
         assert time.monotonic() >= lease.expires_at
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_book_batches_and_coalesces() -> None:
-    clock = _Clock()
+    clock = FakeClock(0.0)
     with lockkit.connect(f"memory://book-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         leases = [locks.lock(f"b{i}", ttl=3, auto_renew=False).acquire() for i in range(3)]
         backend = locks.backend_for("b0")
@@ -69,7 +62,7 @@ def test_book_batches_and_coalesces() -> None:
         for lease in leases:
             book.add(lease, backend, 3, True, None)
         assert book.next_wakeup() == 1.0  # ttl/3
-        clock.now = 0.75  # within the coalescing window (ttl/10) of the due time
+        clock.set(0.75)  # within the coalescing window (ttl/10) of the due time
         batches, expired = book.take_due(clock.now)
         assert list(batches) == [backend] and len(batches[backend]) == 3 and not expired
         results = backend.driver.renew_many(
@@ -80,7 +73,7 @@ def test_book_batches_and_coalesces() -> None:
         )
         book.apply(batches[backend], results)
         assert all(lease.expires_at > 3 for lease in leases)
-        clock.now = 100.0
+        clock.set(100.0)
         _, expired = book.take_due(clock.now)
         book.expire(expired)
         assert len(expired) == 3 and all(lease.lost_reason for lease in leases)
@@ -88,27 +81,27 @@ def test_book_batches_and_coalesces() -> None:
 
 def test_scheduler_is_per_process_and_clock() -> None:
     assert scheduler(time.monotonic) is scheduler(time.monotonic)
-    assert scheduler(_Clock()) is not scheduler(time.monotonic)
+    assert scheduler(FakeClock(0.0)) is not scheduler(time.monotonic)
 
 
 def test_book_does_not_spin_while_a_batch_is_in_flight() -> None:
-    clock = _Clock()
+    clock = FakeClock(0.0)
     with lockkit.connect(f"memory://book-busy-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         leases = [locks.lock(f"s{i}", ttl=3, auto_renew=False).acquire() for i in range(2)]
         backend = locks.backend_for("s0")
         book = RenewalBook(clock)
         book.add(leases[0], backend, 3, True, None)
-        clock.now = 0.95
+        clock.set(0.95)
         _batches, _ = book.take_due(clock.now)  # s0 goes in flight
         book.add(leases[1], backend, 3, True, None)  # due at once, but its backend is busy
-        clock.now = 1.5
+        clock.set(1.5)
         assert book.take_due(clock.now) == ({}, [])
         # only the deadlines remain to wake for: the batch's completion wakes the scheduler for the rest
         assert book.next_wakeup() == min(lease.expires_at for lease in leases)
 
 
 def test_a_renewal_landing_after_release_does_not_fire_on_lost() -> None:
-    clock = _Clock()
+    clock = FakeClock(0.0)
     fired: list[str] = []
     with lockkit.connect(f"memory://book-release-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lock = locks.lock("r", ttl=3, auto_renew=False, on_lost=lambda lease: fired.append(lease.name))
@@ -116,7 +109,7 @@ def test_a_renewal_landing_after_release_does_not_fire_on_lost() -> None:
         backend = locks.backend_for("r")
         book = RenewalBook(clock)
         book.add(lease, backend, 3, True, None)
-        clock.now = 1.0
+        clock.set(1.0)
         batches, _ = book.take_due(clock.now)
         book.remove(lease)  # what Lock.release does before the driver call
         lock.release()
@@ -150,7 +143,7 @@ def test_on_lost_may_release_and_acquire_locks_from_the_renewal_thread() -> None
 
 def test_A1_retune_moves_the_deadline_watch_and_the_renewal_pace_to_the_new_ttl() -> None:
     """After renew(ttl=1) on a 30 s lease the book watches the new deadline and renews every ~1/3 s."""
-    clock = _Clock()
+    clock = FakeClock(0.0)
     with lockkit.connect(f"memory://book-retune-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lock = locks.lock("t", ttl=30, auto_renew=False)
         lease = lock.acquire()
@@ -158,12 +151,12 @@ def test_A1_retune_moves_the_deadline_watch_and_the_renewal_pace_to_the_new_ttl(
         book = RenewalBook(clock)
         book.add(lease, backend, 30, True, None)
         assert book.next_wakeup() == 10.0
-        clock.now = 1.0
+        clock.set(1.0)
         grant = backend.driver.renew("t", lease.token, 1)
         assert lease.extend(grant.sent_at, grant.ttl)
         book.retune(lease, 1)
         assert book.next_wakeup() == pytest.approx(lease.expires_at - 2 / 3)  # a third of the new ttl after its send
-        clock.now = 1.4
+        clock.set(1.4)
         batches, _ = book.take_due(clock.now)
         assert [e.requested_ttl for e in batches[backend]] == [1]
         book.apply(batches[backend], [None])  # say the server lost it: the book must not wait 30 s to tell
@@ -171,16 +164,16 @@ def test_A1_retune_moves_the_deadline_watch_and_the_renewal_pace_to_the_new_ttl(
 
 
 def test_A1_a_batch_reply_landing_after_a_shorter_direct_renew_cannot_lengthen_the_lease() -> None:
-    clock = _Clock()
+    clock = FakeClock(0.0)
     with lockkit.connect(f"memory://book-overlap-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lock = locks.lock("o", ttl=30, auto_renew=False)
         lease = lock.acquire()
         backend = locks.backend_for("o")
         book = RenewalBook(clock)
         book.add(lease, backend, 30, True, None)
-        clock.now = 10.0
+        clock.set(10.0)
         batches, _ = book.take_due(clock.now)  # the 30 s renewal goes in flight
-        clock.now = 10.1
+        clock.set(10.1)
         ticket = lease.renewal_started(clock.now, 1)
         assert lease.extend(clock.now, 1, ticket)  # renew(ttl=1) answered first
         book.retune(lease, 1)
@@ -191,18 +184,18 @@ def test_A1_a_batch_reply_landing_after_a_shorter_direct_renew_cannot_lengthen_t
 
 def test_repeated_renewal_failures_warn_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     """Retries come every tenth of a ttl: a dead backend must not write dozens of warnings a second."""
-    clock = _Clock()
+    clock = FakeClock(0.0)
     with lockkit.connect(f"memory://book-warn-{uuid.uuid4().hex[:8]}", clock=clock) as locks:
         lease = locks.lock("w", ttl=30, auto_renew=False).acquire()
         backend = locks.backend_for("w")
         book = RenewalBook(clock)
         book.add(lease, backend, 30, True, None)
-        clock.now = 10.0
+        clock.set(10.0)
         with caplog.at_level("DEBUG", logger="lockkit"):
             for _ in range(20):
                 batches, _ = book.take_due(clock.now)
                 book.apply(batches[backend], [lockkit.BackendUnavailable("down")])
-                clock.now += 1.0  # the next retry (min(1 s, ttl/10))
+                clock.advance(1.0)  # the next retry (min(1 s, ttl/10))
         failed = [r for r in caplog.records if "renewing 1 lock(s)" in r.getMessage()]
         assert len(failed) == 20
         assert [r.levelname for r in failed].count("WARNING") == 4  # t = 10, 15, 20, 25

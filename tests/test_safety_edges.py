@@ -23,6 +23,7 @@ import lockkit
 from backends.servers import EtcdServer, RedisServer, RedlockServers, ZooKeeperServer
 from lockkit.configured_backend import Backend
 from lockkit.lease import Lease
+from lockkit.testing import FakeClock
 
 
 @pytest.fixture
@@ -132,19 +133,19 @@ def test_A1_renew_with_longer_ttl_moves_the_deadline_out(request: pytest.Fixture
 
 def test_A1_renewal_tickets_cap_overlapping_renewals() -> None:
     """Two renewals in flight at once may land on the server in either order: the lease trusts the lower."""
-    now = [100.0]
-    lease = Lease(name="n", token="t" * 32, fencing_token=1, ttl=30, sent_at=now[0], clock=lambda: now[0])
-    batch = lease.renewal_started(now[0], 30)  # the scheduler's renewal, still in flight
-    now[0] += 0.1
-    direct = lease.renewal_started(now[0], 1)  # renew(ttl=1) sent meanwhile on another connection
-    assert lease.extend(now[0], 1, direct)
-    assert lease.expires_at < now[0] + 1
-    now[0] += 0.1
-    assert lease.extend(now[0] - 0.2, 30, batch)  # the batch's reply arrives last: it may have landed first
-    assert lease.expires_at < now[0] + 1, "a reordered 30 s renewal must not outvote the 1 s one"
-    unknown = lease.renewal_started(now[0], 0.5)
+    clock = FakeClock(100.0)
+    lease = Lease(name="n", token="t" * 32, fencing_token=1, ttl=30, sent_at=clock.now, clock=clock)
+    batch = lease.renewal_started(clock.now, 30)  # the scheduler's renewal, still in flight
+    clock.advance(0.1)
+    direct = lease.renewal_started(clock.now, 1)  # renew(ttl=1) sent meanwhile on another connection
+    assert lease.extend(clock.now, 1, direct)
+    assert lease.expires_at < clock.now + 1
+    clock.advance(0.1)
+    assert lease.extend(clock.now - 0.2, 30, batch)  # the batch's reply arrives last: it may have landed first
+    assert lease.expires_at < clock.now + 1, "a reordered 30 s renewal must not outvote the 1 s one"
+    unknown = lease.renewal_started(clock.now, 0.5)
     lease.renewal_unknown(unknown)  # it raised: it may still have reached the server
-    assert lease.expires_at <= now[0] + 0.5
+    assert lease.expires_at <= clock.now + 0.5
 
 
 # -- A-2: cancelled async release / renew -----------------------------------------------------------------

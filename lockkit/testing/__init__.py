@@ -12,6 +12,7 @@ Subclass in a pytest module and provide a function-scoped ``url`` fixture::
 The async suite needs pytest-asyncio (``asyncio_mode = "auto"``).
 """
 
+from .clock import FakeClock
 from .conformance import AsyncConformanceSuite, ConformanceSuite
 
-__all__ = ["AsyncConformanceSuite", "ConformanceSuite"]
+__all__ = ["AsyncConformanceSuite", "ConformanceSuite", "FakeClock"]
