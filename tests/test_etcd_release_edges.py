@@ -186,3 +186,55 @@ def test_A2_etcd_orphan_that_cannot_be_deleted_costs_the_session_lease(
         print(f"A-2 (undeletable orphan): acquired after {waited} s (ttl {ttl:g} s)")
         assert waited is not None, "an orphan that could not be deleted stayed held by the shared session lease"
         assert lost.wait(5) and not kept.valid, "giving the session lease up must report its other locks lost"
+
+
+def test_A2_etcd_orphan_never_tried_does_not_cost_its_session_lease(
+    fresh_etcd, fault_proxy: ProxyFactory  # type: ignore[no-untyped-def]
+) -> None:
+    """Two orphans on two session leases (ttl 3 and ttl 4); etcd refuses the first one's delete for good.
+
+    The sweep stops at the first failure (etcd may be unreachable: every further delete would wait a timeout).
+    The orphan behind it was never tried, so it must neither cost its lease (the ttl-4 session's other lock
+    stays valid) nor wait behind the refused one for ever: a later sweep deletes it. The refused orphan's own
+    lease is given up, as documented (see the test above)."""
+    server = fresh_etcd()
+    refused, swept, keep_a, keep_b = _name(), _name(), _name(), _name()
+    for args in (
+        ("user", "add", "root:rootpw", "--interactive=false"),
+        ("role", "add", "root"),
+        ("user", "grant-role", "root", "root"),
+        ("role", "add", "lockkit"),
+        ("role", "grant-permission", "--prefix=true", "lockkit", "readwrite", "/lockkit/"),
+        ("user", "add", "lk:lk-pw", "--interactive=false"),
+        ("user", "grant-role", "lk", "lockkit"),
+    ):
+        _ctl(server, *args, user=None)
+    _ctl(server, "auth", "enable", user=None)
+    proxy = fault_proxy(server)
+    lost_a, lost_b = threading.Event(), threading.Event()
+    with lockkit.connect(f"etcd://lk:lk-pw@127.0.0.1:{proxy.port}?timeout=1") as locks:
+        kept_a = locks.lock(keep_a, ttl=3, on_lost=lambda _: lost_a.set()).acquire(timeout=5)
+        kept_b = locks.lock(keep_b, ttl=4, on_lost=lambda _: lost_b.set()).acquire(timeout=5)
+        first, second = locks.lock(refused, ttl=3), locks.lock(swept, ttl=4)
+        first.acquire(timeout=5)
+        ttl_b = second.acquire(timeout=5).ttl
+        proxy.set_mode("reset")
+        for victim in (first, second):  # orphaned in this order: the refused one first
+            with pytest.raises(lockkit.BackendUnavailable):
+                victim.release()
+        orphaned = time.monotonic()
+        # from here on the role may write every name but the first orphan's
+        _ctl(server, "role", "revoke-permission", "lockkit", "/lockkit/", "--prefix=true")
+        _ctl(server, "role", "grant-permission", "--prefix=true", "lockkit", "read", "/lockkit/")
+        for name in (keep_a, keep_b, swept):
+            start, _ = name_range("/lockkit/", name)
+            _ctl(server, "role", "grant-permission", "--prefix=true", "lockkit", "readwrite", start.decode())
+        proxy.heal()
+        root = f"etcd://root:rootpw@127.0.0.1:{server.port}"
+        waited = _free_within(root, swept, ttl_b, 2 * ttl_b + LESSOR_TICK + SLACK)
+        print(f"A-2 (orphan behind a refused one): acquired after {waited} s (ttl {ttl_b:g} s)")
+        assert waited is not None, "the orphan behind a refused one was never deleted"
+        assert lost_a.wait(3 * 3 + SLACK), "the refused orphan's own lease should have been given up"
+        time.sleep(max(0.0, orphaned + 2 * ttl_b + SLACK - time.monotonic()))  # well past the ttl-4 lease's TTL
+        assert not lost_b.is_set() and kept_b.valid, "a lease was given up over an orphan it never tried to delete"
+        assert not kept_a.valid

@@ -239,7 +239,8 @@ class Sessions:
     def sweep(self) -> None:
         """Try once to delete every orphaned key (each delete guarded, so a new owner is never touched).
 
-        Those it cannot delete now (etcd unreachable or refusing) are kept for the next sweep.
+        It stops at the first delete that fails (etcd may be unreachable: each further one would wait a timeout);
+        that one and those not tried are kept for the next sweep, the untried first.
 
         An orphan that etcd keeps refusing to delete for a whole TTL while its lease's keepalives succeed would
         be kept held by them for good (every other lock of the session renews the same lease): then the lease is
@@ -261,9 +262,14 @@ class Sessions:
                 if reply.succeeded or orphan.revision:  # deleted now, or (guarded on our revision) gone already
                     self.free(orphan.session, orphan.key)
         except BackendUnavailable:  # refused or unreachable: keep what is left for the next sweep
+            failed, untried = orphans[index], orphans[index + 1 :]
             with self._mutex:
-                self._orphans.extend(orphans[index:])
-            self._give_up_stuck(orphans[index:])
+                # The untried go first next time, the failed one last: an orphan etcd keeps refusing must not
+                # keep the ones behind it from ever being tried.
+                self._orphans[:0] = untried
+                self._orphans.append(failed)
+            # Only the orphan whose delete was just refused can cost its lease: the others were not tried.
+            self._give_up_stuck([failed])
         except BaseException:  # an interrupt, say: keep what is left too
             with self._mutex:
                 self._orphans.extend(orphans[index:])
