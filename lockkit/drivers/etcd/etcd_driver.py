@@ -20,7 +20,8 @@ name until compaction).
   only one we hold the lock (one round trip). Otherwise the other key is our
   predecessor: we wait for its delete (reported by the driver's one watch on the
   lock's range, see :mod:`.watch`), then re-check in one transaction that
-  our key still exists and what is now below it.
+  our key still exists and what is now below it. One :class:`~.waiter.Waiter`
+  owns the acquisition's key and revision through all of this (:mod:`.waiter`).
   Before reporting "acquired" we know our key exists (so its lease was alive at
   that revision) and that the session's last keepalive is recent (etcd #11456).
   A one-shot attempt (deadline already past) puts its key only if the name's
@@ -59,35 +60,21 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import BackendUnavailable, LockError
 from ...lease import token_hint
 from ...urls import BackendURL
-from .client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
+from .client import EtcdClient, cmp_created, delete_op, range_op, rpc
 from .config import EtcdOptions, open_client
 from .keys import name_range
 from .presence import PresenceRecords
 from .session import Held, Session, Sessions
-from .watch import Watch, Watcher
+from .waiter import Queue, State, Waiter
+from .watch import Watcher
 
 __all__ = ["EtcdDriver", "EtcdOptions"]
-
-
-class _Requeue:
-    """Our queued key vanished (session lease revoked or expired, or deleted): queue again."""
-
-
-_REQUEUE = _Requeue()
-
-
-class _Placed(NamedTuple):
-    revision: int
-    predecessor: bytes | None
-    seen: int
-    """The revision at which ``predecessor`` was read: watch from the next one."""
-    sent_at: float
 
 
 class EtcdDriver:
@@ -107,6 +94,7 @@ class EtcdDriver:
         self._events = ctx.events
         self._sessions = Sessions(client, ctx.clock, ctx.events)
         self._watcher = Watcher(client)
+        self._queue = Queue(client, self._sessions, self._watcher, ctx.clock, options.prefix)
         self._mutex = threading.Lock()
         self._held: dict[str, Held] = {}
         self._presence = PresenceRecords(client, options.prefix)
@@ -121,181 +109,31 @@ class EtcdDriver:
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
-        start, end = name_range(self._prefix, name)
         for _ in range(100):  # a re-queue happens only when our queued key vanished (lease revoked, deleted)
             if cancel is not None and cancel.cancelled:
                 return None
             if self._sessions.has_orphans:
                 self._sessions.sweep()
-            session = self._sessions.get(ttl)
-            key = self._sessions.take_key(session, self._prefix, name)
+            waiter = Waiter(self._queue, self._sessions.get(ttl), name, token)
             one_shot = deadline is not None and self._clock() >= deadline
             try:
-                placed = self._place(session, key, token, start, end, one_shot)
-            except BaseException:  # failed or interrupted (Ctrl-C): the create may have been applied
-                self._sessions.orphan(session, key, value=token.encode())
+                if waiter.place(one_shot) is State.QUEUED:
+                    waiter.wait(deadline, cancel)
+                if waiter.granted:
+                    return self._granted(name, token, waiter)
+            except BaseException:  # failed or interrupted (Ctrl-C), perhaps after _granted recorded the lock:
+                self._forget(token)  # granted to nobody who will use it,
+                waiter.orphan()  # so a later sweep deletes the key (a no-op if the waiter already left it there)
                 raise
-            if placed is None or isinstance(placed, _Requeue):  # nothing was created
-                self._sessions.free(session, key)
-                if placed is None:
-                    return None
-                continue
-            if placed.predecessor is None:
-                return self._granted(name, token, key, placed.revision, session, placed.sent_at)
-            try:
-                result = self._wait(name, token, key, session, placed, start, end, deadline, cancel)
-            except BaseException:  # still queued, or granted to nobody who will use it: deleted by a later sweep
-                self._forget(token)  # (an interrupt can come after _granted recorded the lock)
-                self._sessions.orphan(session, key, placed.revision)
-                raise
-            if not isinstance(result, _Requeue):
-                return result
-            self._sessions.free(session, key)  # our queued key vanished
+            if not waiter.vanished:  # a one-shot attempt found the name taken, or we gave up (deadline, cancel)
+                return None
         raise BackendUnavailable(f"etcd at {self._client.shown}: our queued key kept vanishing; giving up")
 
-    def _place(
-        self, session: Session, key: bytes, token: str, start: bytes, end: bytes, one_shot: bool
-    ) -> _Placed | _Requeue | None:
-        """Create our key (one txn) and learn our predecessor; None: a one-shot attempt found it taken."""
-        put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=token.encode(), lease=session.lease_id))
-        if one_shot:  # put only if nobody holds or waits: nothing to clean up when it fails
-            empty = rpc.Compare(
-                result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=start, range_end=end, create_revision=0
-            )
-            request = rpc.TxnRequest(compare=[empty], success=[put])
-        else:
-            request = rpc.TxnRequest(
-                compare=[cmp_created(key, 0)],
-                success=[put, range_op(start, end, newest_first=True, limit=2)],
-                failure=[range_op(key)],
-            )
-        fresh = min(self._clock(), session.refreshed_at)
-        try:
-            reply = self._client.call("KV", "Txn", request)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:  # "requested lease not found": revoked or expired
-                self._sessions.lose(session, "etcd reports the session lease gone (revoked or expired)")
-                return _REQUEUE
-            raise self._client.translate(exc, "acquire") from exc
-        revision = int(reply.header.revision)
-        if one_shot:
-            return _Placed(revision, None, revision, fresh) if reply.succeeded else None
-        if not reply.succeeded:  # our key exists: a create whose reply was lost, retried
-            kvs = reply.responses[0].response_range.kvs
-            if not kvs or kvs[0].value != token.encode():
-                raise BackendUnavailable(f"etcd at {self._client.shown}: lock key collision; retry")
-            mine = int(kvs[0].create_revision)
-            below = self._client.range(range_op(start, end, newest_first=True, limit=1, below=mine - 1).request_range)
-            pred = below.kvs[0].key if below.kvs else None
-            return _Placed(mine, pred, int(below.header.revision), fresh)
-        kvs = reply.responses[1].response_range.kvs
-        return _Placed(revision, kvs[1].key if len(kvs) > 1 else None, revision, fresh)
-
-    def _wait(
-        self,
-        name: str,
-        token: str,
-        key: bytes,
-        session: Session,
-        placed: _Placed,
-        start: bytes,
-        end: bytes,
-        deadline: float | None,
-        cancel: Cancel | None,
-    ) -> Grant | _Requeue | None:
-        """Sleep until our predecessor's delete, re-check, repeat; the Grant, None (gave up) or _REQUEUE."""
-        revision, pred = placed.revision, placed.predecessor or b""
-        stop = threading.Event()
-        handle, check_now = self._watcher.watch_after(pred, placed.seen, start, end)
-
-        def wake() -> None:
-            stop.set()
-            handle.fire()
-
-        unhook = cancel.on_cancel(wake) if cancel is not None else None
+    def _granted(self, name: str, token: str, waiter: Waiter) -> Grant:
         with self._mutex:
-            session.waiters += 1
-        failures = 0
-        consumed: Watch | None = None  # the handle whose wake-up was already counted
-        next_refresh = session.refreshed_at + session.ttl / 2
-        try:
-            while True:
-                now = self._clock()
-                if stop.is_set() or (deadline is not None and now >= deadline):
-                    handle.cancel()
-                    self._abandon(session, key, revision)
-                    return None
-                if not check_now:
-                    waits = [next_refresh - now] + ([deadline - now] if deadline is not None else [])
-                    if not handle.event.wait(max(0.001, min(waits))):
-                        refresh = self._sessions.keep_waiting_alive(session)
-                        if refresh is None:
-                            handle.cancel()
-                            return _REQUEUE
-                        next_refresh = refresh
-                        continue
-                    if stop.is_set():
-                        continue
-                check_now = False
-                if handle.event.is_set() and handle is not consumed:  # the delete came, or the watch failed
-                    # (cancelled after the re-check, on every path below: sending the cancel now would compete
-                    # with the re-check, which is on the hand-off's critical path). Counted once per wake-up,
-                    # so that failed re-checks keep backing off while the event stays set.
-                    consumed = handle
-                    failures = failures + 1 if handle.failed else 0
-                    if failures:  # the stream broke or etcd refused the watch: back off before re-watching
-                        stop.wait(min(1.0, 0.02 * 2**failures))
-                try:
-                    check = self._client.txn(
-                        rpc.TxnRequest(
-                            compare=[cmp_created(key, revision)],
-                            success=[range_op(start, end, newest_first=True, limit=1, below=revision - 1)],
-                        ),
-                        "re-check",
-                    )
-                except BackendUnavailable:
-                    failures += 1
-                    stop.wait(min(1.0, 0.02 * 2**failures))
-                    check_now = True
-                    continue
-                if not check.succeeded:  # our key is gone: lease revoked/expired, or deleted by an operator
-                    handle.cancel()
-                    with contextlib.suppress(BackendUnavailable):
-                        self._sessions.refresh(session, 0)
-                    return _REQUEUE
-                kvs = check.responses[0].response_range.kvs
-                if not kvs:
-                    handle.cancel()
-                    if self._clock() - session.refreshed_at > session.ttl / 3 and not self._sessions.refresh(
-                        session, session.ttl / 3
-                    ):
-                        return _REQUEUE
-                    return self._granted(name, token, key, revision, session, session.refreshed_at)
-                if kvs[0].key == pred and not handle.event.is_set():
-                    continue  # the live watch started before this read: it will see pred's delete
-                handle.cancel()
-                pred = kvs[0].key
-                handle, check_now = self._watcher.watch_after(pred, int(check.header.revision), start, end)
-        finally:
-            handle.cancel()  # idempotent; here for the exits no branch above covers (an unexpected error)
-            with self._mutex:
-                session.waiters -= 1
-            if unhook is not None:
-                unhook()
-
-    def _abandon(self, session: Session, key: bytes, revision: int) -> None:
-        try:
-            self._client.txn(rpc.TxnRequest(compare=[cmp_created(key, revision)], success=[delete_op(key)]), "dequeue")
-        except BackendUnavailable:
-            self._sessions.orphan(session, key, revision)
-        else:
-            self._sessions.free(session, key)
-
-    def _granted(self, name: str, token: str, key: bytes, revision: int, session: Session, sent_at: float) -> Grant:
-        with self._mutex:
-            self._held[token] = Held(name, key, revision, session)
-            session.tokens.add(token)
-        return Grant(revision, float(session.ttl), sent_at)
+            self._held[token] = Held(name, waiter.key, waiter.revision, waiter.session)
+            waiter.session.tokens.add(token)
+        return Grant(waiter.revision, float(waiter.session.ttl), waiter.valid_from)
 
     # -- renew, release -----------------------------------------------------------------------------
 

@@ -23,10 +23,11 @@ thousand locks costs one keepalive per period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ...driver import LeaseEvents
@@ -62,6 +63,7 @@ class Session:
     tokens: set[str] = field(default_factory=set)
     """Tokens of the locks held on this lease (reported lost with it)."""
     waiters: int = 0
+    """Acquisitions queued on this lease now (:meth:`Sessions.waiting`): a lease lost locally is revoked for them."""
     keys: set[bytes] = field(default_factory=set)
     """Our keys on this lease that may exist on the server (held, queued, or orphaned): their slots are taken."""
     refresh_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -154,6 +156,17 @@ class Sessions:
         if self._orphans:
             self.sweep()
         return session.refreshed_at + session.ttl / 2
+
+    @contextlib.contextmanager
+    def waiting(self, session: Session) -> Iterator[None]:
+        """Count a waiter on ``session`` for as long as the block runs."""
+        with self._mutex:
+            session.waiters += 1
+        try:
+            yield
+        finally:
+            with self._mutex:
+                session.waiters -= 1
 
     def alive(self, session: Session, held: Sequence[Held]) -> list[bool]:
         """Which of these keys on ``session``'s lease still exist: one round trip however many there are.
