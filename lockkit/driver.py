@@ -224,7 +224,11 @@ class AsyncDriver(Protocol):
 
     guarantees: ClassVar[Guarantees]
 
-    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None: ...
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        """As :meth:`Driver.acquire`; cancelling the awaiting task does the same as firing ``cancel``."""
+        ...
 
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None: ...
 

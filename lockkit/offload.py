@@ -44,15 +44,23 @@ class ThreadOffloadDriver:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.wrap_future(self._pool.submit(fn, *args))
 
-    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
-        cancel = Cancel()
-        future = self._pool.submit(self.sync.acquire, name, token, ttl, deadline, cancel)
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        # Our own signal, fired by the task's cancellation or by the caller's ``cancel``: cancelling the task
+        # must not fire a Cancel the caller may share with other calls.
+        stop = Cancel()
+        unhook = cancel.on_cancel(stop.cancel) if cancel is not None else None
+        future = self._pool.submit(self.sync.acquire, name, token, ttl, deadline, stop)
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
-            cancel.cancel()
+            stop.cancel()
             future.add_done_callback(lambda done: self._release_if_granted(done, name, token))
             raise
+        finally:
+            if unhook is not None:
+                unhook()
 
     def _release_if_granted(self, done: concurrent.futures.Future[Grant | None], name: str, token: str) -> None:
         if done.cancelled():

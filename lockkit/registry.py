@@ -123,7 +123,7 @@ def _factory(url: BackendURL) -> tuple[DriverFactory, int, BackendURL]:
 def _lifted(driver: Driver, epoch: int) -> Driver:
     if not epoch:
         return driver
-    from .drivers.epoch import EpochDriver
+    from .drivers._sync.epoch_driver import EpochDriver
 
     return EpochDriver(driver, epoch)
 
@@ -143,7 +143,7 @@ def open_async_driver(url: BackendURL, ctx: DriverContext) -> AsyncDriver:
     driver = cast(AsyncDriver, native(url, ctx))
     if not epoch:
         return driver
-    from .drivers.epoch import AsyncEpochDriver
+    from .drivers._async.epoch_driver import AsyncEpochDriver
 
     return AsyncEpochDriver(driver, epoch)
 

@@ -43,6 +43,7 @@ RULES: list[Rule] = [
     (r"AsyncLocker", "Locker"),
     (r"AsyncLock", "Lock"),
     (r"AsyncDriver", "Driver"),
+    (r"AsyncEpochDriver", "EpochDriver"),
     (r"async_scheduler", "scheduler"),
     (r"open_async_driver", "open_driver"),
     (r"connect_async", "connect"),
@@ -65,11 +66,13 @@ class Pair:
 FILES: list[Pair] = [
     Pair("lockkit/_async/lock.py"),
     Pair("lockkit/_async/locker.py"),
+    Pair("lockkit/drivers/_async/epoch_driver.py"),
 ]
 
 HAND_WRITTEN: set[str] = {
     "lockkit/_sync/__init__.py",
     "lockkit/_sync/primitives.py",
+    "lockkit/drivers/_sync/__init__.py",
 }
 """Files in ``_sync`` folders written by hand: the per-face primitives and package markers."""
 

@@ -332,7 +332,9 @@ class AsyncRedlockDriver:
             results.append(NodeResult(replies, node.state.epoch, repeated))
         return results
 
-    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
         channel = lock_keys(self._shared.options.prefix, name).channel
         for hub in self._hubs:
             hub.own_process()

@@ -316,7 +316,9 @@ class AsyncRedisDriver:
         except RedisError as exc:
             raise unavailable(self._node.spec.label, exc) from exc
 
-    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None) -> Grant | None:
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
         wid, targets = self._shared.waiter(self._hub, name, ttl, token)
         watcher = AsyncWatcher(targets, wid)
 
