@@ -86,15 +86,19 @@ def _run_sync(cfg: dict[str, Any]) -> None:
             if command == "release":
                 try:
                     lock.release()
-                    outcome = "ok"
-                except LockNotOwned:
-                    outcome = "notowned"
-                except lockkit.LockError:
-                    outcome = "error"
-                _say("rel", repr(time.monotonic()), outcome)
+                except lockkit.LockError as exc:
+                    _say_released(exc)
+                else:
+                    _say_released(None)
                 return
             if command is not None:
                 return
+
+
+def _say_released(error: lockkit.LockError | None) -> None:
+    """Report a release's outcome to the parent: ok, notowned (the server no longer held our token), or error."""
+    outcome = "ok" if error is None else "notowned" if isinstance(error, LockNotOwned) else "error"
+    _say("rel", repr(time.monotonic()), outcome)
 
 
 async def _run_async(cfg: dict[str, Any]) -> None:
@@ -125,12 +129,10 @@ async def _run_async(cfg: dict[str, Any]) -> None:
                 if command == "release":
                     try:
                         await lock.release()
-                        outcome = "ok"
-                    except LockNotOwned:
-                        outcome = "notowned"
-                    except lockkit.LockError:
-                        outcome = "error"
-                    _say("rel", repr(time.monotonic()), outcome)
+                    except lockkit.LockError as exc:
+                        _say_released(exc)
+                    else:
+                        _say_released(None)
                 return
         finally:
             loop.remove_reader(0)
