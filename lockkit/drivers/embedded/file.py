@@ -6,10 +6,10 @@ every read-modify-write and holding the record
 ``{"name", "token", "expires", "ttl", "host", "hostname", "boot", "fence", "waiters", "seen"}``
 in two checksummed slots written alternately (:mod:`.file_record`), so a crash never
 leaves it half-written; ``fsync=true`` also makes the fencing counter survive
-a power loss. Expiry is stored on ``CLOCK_MONOTONIC``, which Linux keeps
-system-wide, together with the identity of the holder's host and boot
-(:mod:`.file_host`): after a reboot every lock is free (its holder is gone)
-while the fencing counter carries on.
+a power loss. Expiry is stored on the monotonic clock (``time.monotonic()``),
+which Linux, macOS and the BSDs keep system-wide, together with the identity of
+the holder's host and boot (:mod:`.file_host`): after a reboot every lock is
+free (its holder is gone) while the fencing counter carries on.
 
 One host only. A directory on a network filesystem is refused (:mod:`.file_fs`)
 unless ``single_host=true``. Should another machine's record turn up anyway, its
@@ -20,23 +20,23 @@ is kept in the record's ``seen`` (per host and boot), so every process of this
 host counts from the same instant. Records written before host identities were
 stored are read as this host's, as before.
 
-Waking waiters: each waiter binds a Unix datagram socket in the abstract
-namespace and appends its address to the record's ``waiters``; a release
-sends one datagram to the first live waiter. A waiter that gives up while the
-lock is free passes the wake-up on. The one re-check at the holder's expiry
-lets a crashed holder's lock be taken over when its TTL passes. Linux only.
+Waking waiters: each waiter binds a Unix datagram socket (in Linux's abstract
+namespace, or a socket file: :mod:`.file_wakeup`, option ``wakeup``) and
+appends its address to the record's ``waiters``; a release sends one datagram
+to the first live waiter. A waiter that gives up while the lock is free passes
+the wake-up on. The one re-check at the holder's expiry lets a crashed
+holder's lock be taken over when its TTL passes. Linux, macOS and the BSDs;
+not Windows (no ``flock``, no Unix datagram sockets): a ``ConfigError``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import functools
 import hashlib
 import os
 import secrets
-import socket
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,11 +47,22 @@ from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Rene
 from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...urls import BackendURL, parse_options
-from . import file_fs, file_host, file_record
+from . import file_fs, file_host, file_record, file_wakeup
 from .slot import Slot
+
+if sys.platform != "win32":  # importable everywhere (the registry lists every driver); from_url refuses Windows
+    import fcntl
 
 MAX_WAITERS = 1024
 """Beyond this many registered waiters a newcomer only re-checks at the holder's expiry (bounds the record)."""
+
+MAX_WAITER_BYTES = 40960
+"""The same bound on the addresses' total length (socket file paths are longer than abstract names): the whole
+record has to fit one slot of :mod:`.file_record`, with the name and the other hosts' sightings."""
+
+UNCERTAIN_SLACK = 1.0
+"""How far beyond ``now + ttl`` an expiry of an unknown boot may be before it counts as a previous boot's: the
+invariant is exact, the slack allows for a monotonic clock a little out of step between CPUs."""
 
 FOREIGN_POLL = 1.0
 """How often a waiter re-checks a lock another host holds: that host's release cannot wake us."""
@@ -72,6 +83,13 @@ class FileOptions:
     """fsync every change (slower; keeps fencing counters across power loss)."""
     single_host: bool = False
     """Accept a directory on a network filesystem: the user vouches that only this host ever uses it."""
+    wakeup: str = "auto"
+    """How releases wake waiters (:mod:`.file_wakeup`): ``abstract`` sockets (Linux), socket ``files`` in the
+    lock directory (everywhere), or ``auto``: the abstract namespace on Linux, socket files elsewhere."""
+
+    def __post_init__(self) -> None:
+        if self.wakeup not in file_wakeup.MODES:
+            raise ValueError(f"wakeup must be one of {', '.join(file_wakeup.MODES)}, not {self.wakeup!r}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,7 @@ class FileDriver:
         self._options = options
         self._clock = ctx.clock
         self._id = file_host.current()
+        self._wakeup = file_wakeup.Wakeup(directory, file_wakeup.resolve_mode(options.wakeup))
         # (group, member) -> (its record's mark, when this process first saw it): other hosts' presence records
         self._sightings: dict[tuple[str, str], tuple[str, float]] = {}
 
@@ -127,6 +146,7 @@ class FileDriver:
         if not raw or raw == "/":
             raise ConfigError(f"file:// needs a directory path, e.g. file:///tmp/locks; got {url}")
         options = parse_options(FileOptions, url.options, url)
+        file_wakeup.resolve_mode(options.wakeup)  # Windows, or wakeup=abstract off Linux: say so before any file
         directory = Path(raw)
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -193,17 +213,23 @@ class FileDriver:
         waiters = [str(w) for w in raw["waiters"]]
         # A record without a host was written before hosts were recorded, under the one-host rule: ours.
         host, boot = str(raw.get("host", self._id.host)), str(raw.get("boot"))
-        if boot != self._id.boot and host == self._id.host:
+        relation = self._id.relation(host, boot)
+        if relation == "rebooted":
             slot.token, slot.expires = None, 0.0  # this host rebooted: every holder and waiter is gone
             return _Record(slot, [])
         if slot.token is None:
             return _Record(slot, waiters)
-        foreign = boot != self._id.boot
+        foreign = relation == "foreign"
         ttl = raw.get("ttl")
         if ttl is None:
             if foreign:
                 raise ValueError("another host's record has no ttl")
             ttl = max(0.0, slot.expires - now)  # an older record of ours: what it has left is all it needs
+        elif relation == "uncertain" and slot.expires > now + float(ttl) + UNCERTAIN_SLACK:
+            # No boot id to compare, but on one boot's clock an expiry is never more than its ttl ahead: this
+            # one is on an earlier boot's clock, so this host rebooted since (file_host.HostIdentity.relation).
+            slot.token, slot.expires = None, 0.0
+            return _Record(slot, waiters)
         read = _Holder(slot.expires, float(ttl), host, str(raw.get("hostname", "")), boot)
         seen = {str(h): list(s) for h, s in (raw.get("seen") or {}).items()}
         if foreign:
@@ -239,24 +265,20 @@ class FileDriver:
 
     def _wake_first(self, record: _Record) -> None:
         """Send one wake-up to the first waiter still alive; drop dead addresses on the way."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            # Never block here: we hold the name's flock, and a waiter with a full queue may be waiting for it.
-            sender.setblocking(False)
-            while record.waiters:
-                try:
-                    sender.sendto(b"w", "\0" + record.waiters[0])
-                    return
-                except OSError as exc:
-                    if exc.errno in (errno.EAGAIN, errno.ENOBUFS):
-                        return  # its queue is full: it has wake-ups pending already
-                    record.waiters.pop(0)  # ECONNREFUSED: the waiter's process is gone
+        self._wakeup.wake_first(record.waiters)
+
+    @staticmethod
+    def _room_for(waiters: list[str], address: str) -> bool:
+        if len(waiters) >= MAX_WAITERS:
+            return False
+        return sum(len(w) + 3 for w in waiters) + len(address) + 3 <= MAX_WAITER_BYTES  # 3: quotes and comma
 
     # -- the driver contract ------------------------------------------------------------------
 
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
-        sock: socket.socket | None = None
+        waiter: file_wakeup.Waiter | None = None
         address = ""
         unhook = None
         try:
@@ -272,41 +294,29 @@ class FileDriver:
                     hint = record.slot.wait_hint(now)
                     if hint is not None and record.read is not None and record.read.host != self._id.host:
                         # Another machine (or a container with its own network namespace): its release
-                        # cannot reach our abstract socket, so look again now and then.
+                        # cannot reach our socket, so look again now and then.
                         hint = min(hint, FOREIGN_POLL)
-                    if sock is not None and address not in record.waiters and len(record.waiters) < MAX_WAITERS:
+                    if waiter is not None and address not in record.waiters and self._room_for(record.waiters, address):
                         record.waiters.append(address)
                 if cancel is not None and cancel.cancelled:
                     return None
                 left = None if deadline is None else deadline - self._clock()
                 if left is not None and left <= 0:
                     return None
-                if sock is None:
-                    sock, address = self._waiter_socket()
+                if waiter is None:
+                    waiter = self._wakeup.waiter()
+                    address = waiter.address
                     if cancel is not None:
-                        unhook = cancel.on_cancel(functools.partial(self._poke, address))
+                        unhook = cancel.on_cancel(functools.partial(self._wakeup.poke, address))
                     continue  # register, then re-check before sleeping: a release may have come between
                 waits = [w for w in (hint, left) if w is not None]
-                sock.settimeout(max(0.0005, min(waits)) if waits else None)
-                with contextlib.suppress(TimeoutError):
-                    sock.recv(16)
+                waiter.sleep(max(0.0005, min(waits)) if waits else None)
         finally:
             if unhook is not None:
                 unhook()
-            if sock is not None:
-                sock.close()
+            if waiter is not None:
+                waiter.close()
                 self._leave(name, address)
-
-    def _waiter_socket(self) -> tuple[socket.socket, str]:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        address = f"lockkit-{os.getpid()}-{secrets.token_hex(8)}"
-        sock.bind("\0" + address)
-        return sock, address
-
-    def _poke(self, address: str) -> None:
-        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.setblocking(False)
-            sender.sendto(b"c", "\0" + address)
 
     def _leave(self, name: str, address: str) -> None:
         with self._locked(name) as (record, now):
@@ -390,12 +400,18 @@ class FileDriver:
 
     def _present(self, group: str, member: str, record: dict[str, Any], now: float) -> bool:
         """Whether a presence record is alive; another machine's counts from our first sighting, as locks do."""
-        expires, boot = record.get("expires"), record.get("boot")
-        if expires is None or boot == self._id.boot:
-            return expires is None or float(expires) > now
-        if record.get("host", self._id.host) == self._id.host:
+        expires = record.get("expires")
+        if expires is None:
+            return True
+        boot = str(record.get("boot"))
+        relation = self._id.relation(str(record.get("host", self._id.host)), boot)
+        if relation == "same":
+            return float(expires) > now
+        if relation == "rebooted":
             return False  # this host rebooted: the member is gone
         ttl = float(record.get("ttl") or 0.0)
+        if relation == "uncertain":  # as for locks: beyond its ttl ahead, it is an earlier boot's
+            return now < float(expires) <= now + ttl + UNCERTAIN_SLACK
         mark = f"{boot}|{expires!r}"
         seen = self._sightings.get((group, member))
         if seen is None or seen[0] != mark:
