@@ -62,8 +62,10 @@ class Sent(enum.Enum):
     """This process cannot address it (its path would be too long here): leave it for a process that can."""
 
 
-def resolve_mode(requested: str, platform: str = sys.platform) -> str:
-    """``abstract`` or ``files`` for the ``wakeup`` option on ``platform``; ``ConfigError`` where unsupported."""
+def resolve_mode(requested: str, platform: str | None = None) -> str:
+    """``abstract`` or ``files`` for the ``wakeup`` option on ``platform`` (this one: ``sys.platform``, read at
+    the call); ``ConfigError`` where file:// cannot run."""
+    platform = sys.platform if platform is None else platform
     if platform == "win32":
         raise ConfigError(
             "file:// does not run on Windows: it needs flock(2) and Unix datagram sockets. Use memory:// "
