@@ -100,7 +100,8 @@ class Waiter:
     def close(self) -> None:
         self.sock.close()
         if self._path is not None:
-            with contextlib.suppress(FileNotFoundError):  # a waker may have found it dead first
+            # Gone already if a waker found it dead first; any other failure leaves it to the next sweep.
+            with contextlib.suppress(OSError):
                 os.unlink(self._path)
 
 
@@ -188,8 +189,16 @@ class Wakeup:
     # -- waking ----------------------------------------------------------------------------------
 
     def wake_first(self, waiters: list[str]) -> None:
-        """Wake the first waiter still alive; drop the dead ones met on the way (and their socket files)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        """Wake the first waiter still alive; drop the dead ones met on the way (and their socket files).
+
+        Without a socket to send from (out of file descriptors) nobody is woken: the waiters still re-check at
+        the holder's expiry, and a release must not fail over a wake-up.
+        """
+        try:
+            sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError:
+            return
+        with sender:
             # Never block here: the caller holds the name's flock, and a waiter with a full queue may be waiting
             # for it.
             sender.setblocking(False)
@@ -201,8 +210,8 @@ class Wakeup:
                     waiters.remove(address)
 
     def poke(self, address: str) -> None:
-        """Wake our own waiter (its acquire was cancelled)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        """Wake our own waiter (its acquire was cancelled); it also re-checks at its timeout if this fails."""
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             sender.setblocking(False)
             self.send(sender, address, b"c")
 
@@ -228,7 +237,9 @@ class Wakeup:
 
 
 def _temp_bases() -> list[str]:
-    bases = [tempfile.gettempdir()]
+    bases: list[str] = []
+    with contextlib.suppress(OSError):  # no usable temp directory at all
+        bases.append(tempfile.gettempdir())
     if "/tmp" not in bases:
         bases.append("/tmp")  # short on every Unix, for a TMPDIR too long for socket paths
     return bases
