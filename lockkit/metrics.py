@@ -1,50 +1,117 @@
-"""Per-backend counters and timing quantiles, readable as ``locker.stats()``.
+"""Per-backend counters and histograms, readable as ``locker.stats()`` and exported to Prometheus.
 
-The figures are kept in-process (a bounded reservoir per timing, so memory
+The figures are kept in-process (a bounded reservoir per histogram, so memory
 stays flat under millions of acquisitions) and, when ``prometheus_client`` is
 installed (``pip install 'lockkit[metrics]'``), exported as ``lockkit_*``
-metrics labelled by backend name and read at scrape time. Lock names are not
-used as labels: a label per name would grow without bound.
+metrics labelled by backend name and read at scrape time. The collector is
+registered in ``prometheus_client.REGISTRY`` when the process opens its first
+backend (docs/metrics.md). Lock names are not used as labels: a label per name
+would grow without bound.
+
+Prefork servers (gunicorn, uWSGI) run one registry per worker:
+:mod:`lockkit.metrics_multiprocess` writes each process's totals to a file
+and sums them at scrape time.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+import os
 import random
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BackendStats"]
+__all__ = ["COUNTERS", "HISTOGRAMS", "BackendStats", "Histogram", "Totals", "families"]
 
-COUNTERS = ("acquisitions", "timeouts", "errors", "renewals", "renewal_failures", "losses", "releases")
-TIMINGS = ("wait", "hold")
+COUNTERS: dict[str, str] = {
+    "acquisitions": "Locks acquired.",
+    "timeouts": "Acquisitions that gave up because the lock stayed held (a try_acquire that finds it held counts).",
+    "errors": "Acquire, release and renew calls that failed with a LockError (the backend could not be used).",
+    "renewals": "Successful lease renewals, automatic or by renew().",
+    "renewal_failures": "Renewals that failed (an error, no answer); retried until the lease's deadline.",
+    "losses": "Leases lost while held: expired, taken over, refused at renewal or release, or their locker closed.",
+    "releases": "Locks released while still ours.",
+}
+"""Counter name -> help text; exported as ``lockkit_<name>_total``."""
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+"""Bounds of the time histograms (prometheus_client's defaults)."""
+SHARES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 2.0)
+"""Bounds of the TTL-used histogram: a third is where renewal starts, 1 is where the lease runs out."""
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One observed quantity: a reservoir in ``stats()``, fixed buckets in Prometheus (which sum across processes)."""
+
+    name: str
+    unit: str
+    buckets: tuple[float, ...]
+    help: str
+
+    @property
+    def key(self) -> str:
+        """The ``stats()`` key, and the exported family after ``lockkit_``."""
+        return f"{self.name}_{self.unit}"
+
+
+HISTOGRAMS: dict[str, Histogram] = {
+    h.name: h
+    for h in (
+        Histogram("wait", "seconds", SECONDS, "Time from asking for a lock to holding it (successful acquisitions)."),
+        Histogram("hold", "seconds", SECONDS, "Time from acquiring a lock to releasing it (or failing to)."),
+        Histogram(
+            "ttl_used",
+            "ratio",
+            SHARES,
+            "Share of the lease's TTL gone at release, counted from its grant or last renewal; 1 means it had run out.",
+        ),
+    )
+}
+_BOUNDS = {name: h.buckets for name, h in HISTOGRAMS.items()}  # one lookup less per observation
 RESERVOIR = 2048
 QUEUED = 256
 """Hot-path events queued before they are applied (see BackendStats); the caller that applies them holds the
 process-wide export lock meanwhile, so this stays small."""
 
+Event = tuple[str | None, str, float]
+"""A queued hot-path event: the counter it adds one to (or none), the histogram it observes, the value."""
+
 
 @dataclass
 class _Reservoir:
-    """Uniform sample of at most RESERVOIR observations (Vitter's algorithm R)."""
+    """Uniform sample of at most RESERVOIR observations (Li's algorithm L).
+
+    Once full, it draws how many observations to skip before the next replacement instead of drawing for each
+    one (algorithm R): a random number per observation was half the cost of applying it.
+    """
 
     values: list[float] = field(default_factory=list)
     seen: int = 0
     total: float = 0.0
+    _w: float = 1.0
+    _next: int = 0  # the 1-based number of the next observation that replaces a sampled one
 
     def add(self, value: float, rng: random.Random) -> None:
         self.seen += 1
         self.total += value
         if len(self.values) < RESERVOIR:
             self.values.append(value)
-        else:
-            slot = rng.randrange(self.seen)
-            if slot < RESERVOIR:
-                self.values[slot] = value
+            if len(self.values) == RESERVOIR:
+                self._skip(rng)
+        elif self.seen == self._next:
+            self.values[rng.randrange(RESERVOIR)] = value
+            self._skip(rng)
+
+    def _skip(self, rng: random.Random) -> None:
+        # 1 - random() is in (0, 1]: log() never sees 0.
+        self._w *= math.exp(math.log(1.0 - rng.random()) / RESERVOIR)
+        self._next = self.seen + int(math.log(1.0 - rng.random()) / math.log1p(-self._w)) + 1
 
     def summary(self) -> dict[str, float]:
         if not self.values:
@@ -64,26 +131,93 @@ class _Reservoir:
         }
 
 
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-"""Histogram bounds of the Prometheus export (prometheus_client's defaults)."""
+class Totals:
+    """What Prometheus sees of one backend label: counts, histogram buckets (not cumulative) and sums.
 
-
-class _Tally:
-    """What Prometheus sees of one backend label: totals over every locker of the process; they only grow."""
+    In a process, the totals over every locker; they only grow. The multi-process files store one per backend
+    and the collector sums them (:meth:`merge`).
+    """
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(COUNTERS, 0)
-        self.buckets = {name: [0] * (len(BUCKETS) + 1) for name in TIMINGS}
-        self.sums = dict.fromkeys(TIMINGS, 0.0)
+        self.buckets = {name: [0] * (len(h.buckets) + 1) for name, h in HISTOGRAMS.items()}
+        self.sums = dict.fromkeys(HISTOGRAMS, 0.0)
 
-    def observe(self, timing: str, seconds: float) -> None:
-        self.buckets[timing][bisect.bisect_left(BUCKETS, seconds)] += 1
-        self.sums[timing] += seconds
+    def observe(self, name: str, value: float) -> None:
+        self.buckets[name][bisect.bisect_left(_BOUNDS[name], value)] += 1
+        self.sums[name] += value
 
-    def add(self, counter: str, timing: str, seconds: float) -> None:
-        """One queued hot-path event: a count with its timing."""
-        self.counts[counter] += 1
-        self.observe(timing, seconds)
+    def add(self, counter: str | None, name: str, value: float) -> None:
+        """One queued hot-path event."""
+        if counter is not None:
+            self.counts[counter] += 1
+        self.observe(name, value)
+
+    def merge(self, other: Totals) -> None:
+        for name, n in other.counts.items():
+            self.counts[name] += n
+        for name, hits in other.buckets.items():
+            self.buckets[name] = [a + b for a, b in zip(self.buckets[name], hits, strict=True)]
+        for name, total in other.sums.items():
+            self.sums[name] += total
+
+    def copy(self) -> Totals:
+        out = Totals()
+        out.merge(self)
+        return out
+
+    def reset(self) -> None:
+        """Back to zero, in place: every stats object of the backend holds this one."""
+        for name in self.counts:
+            self.counts[name] = 0
+        for hits in self.buckets.values():
+            hits[:] = [0] * len(hits)
+        for name in self.sums:
+            self.sums[name] = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counts": self.counts, "buckets": self.buckets, "sums": self.sums}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Totals:
+        """The inverse of :meth:`to_json`; ``ValueError`` if it is not one (names or bucket counts differ)."""
+        out = cls()
+        try:
+            counts, buckets, sums = data["counts"], data["buckets"], data["sums"]
+            if set(counts) != set(out.counts) or set(buckets) != set(out.buckets) or set(sums) != set(out.sums):
+                raise ValueError(f"other metrics: {sorted(counts)}, {sorted(buckets)}")
+            for name in out.counts:
+                out.counts[name] = int(counts[name])
+            for name, hits in out.buckets.items():
+                if len(buckets[name]) != len(hits):
+                    raise ValueError(f"{name}: {len(buckets[name])} buckets, not {len(hits)}")
+                out.buckets[name] = [int(n) for n in buckets[name]]
+            for name in out.sums:
+                out.sums[name] = float(sums[name])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not lockkit totals: {exc!r}") from None
+        return out
+
+
+def families(rows: Iterable[tuple[str, Totals]]) -> Iterator[Any]:
+    """The ``lockkit_*`` metric families of some totals by backend label: one counter or histogram each."""
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+    rows = list(rows)
+    for name, help_text in COUNTERS.items():
+        family = CounterMetricFamily(f"lockkit_{name}", help_text, labels=["backend"])
+        for backend, totals in rows:
+            family.add_metric([backend], totals.counts[name])
+        yield family
+    for name, h in HISTOGRAMS.items():
+        histogram = HistogramMetricFamily(f"lockkit_{h.key}", h.help, labels=["backend"])
+        for backend, totals in rows:
+            cumulative, running = [], 0
+            for bound, hits in zip((*map(str, h.buckets), "+Inf"), totals.buckets[name], strict=True):
+                running += hits
+                cumulative.append((bound, running))
+            histogram.add_metric([backend], cumulative, totals.sums[name])
+        yield histogram
 
 
 class _Exporter:
@@ -99,12 +233,12 @@ class _Exporter:
     _guard = threading.Lock()  # guards the tallies too: updates are a few dict operations under it
 
     def __init__(self) -> None:
-        self.tallies: dict[str, _Tally] = {}
+        self.tallies: dict[str, Totals] = {}
         self.sources: weakref.WeakSet[BackendStats] = weakref.WeakSet()
         """Stats objects feeding the tallies: their queued events are applied before a scrape reads them."""
 
     @classmethod
-    def tally(cls, backend: str, source: BackendStats) -> _Tally | None:
+    def tally(cls, backend: str, source: BackendStats) -> Totals | None:
         """The shared tally for ``backend``; ``None`` when prometheus_client is not installed."""
         with cls._guard:
             if not cls._installed:
@@ -115,57 +249,90 @@ class _Exporter:
                     return None
                 cls._instance = cls()
                 REGISTRY.register(cls._instance)
+                directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+                if directory:  # read here, like prometheus_client reads it when its metrics are made
+                    from .metrics_multiprocess import enable
+
+                    enable(directory)
             if cls._instance is None:
                 return None
             cls._instance.sources.add(source)
-            return cls._instance.tallies.setdefault(backend, _Tally())
+            return cls._instance.tallies.setdefault(backend, Totals())
 
-    def describe(self) -> list[Any]:
-        return []  # the families appear at the first scrape; nothing to check for clashes before
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
-
-        with self._guard:  # tally() adds to the set under it
-            sources = list(self.sources)
+    @classmethod
+    def totals(cls) -> dict[str, Totals]:
+        """A copy of every tally, with all events queued so far applied."""
+        instance = cls._instance
+        if instance is None:
+            return {}
+        with cls._guard:  # tally() adds to the set under it
+            sources = list(instance.sources)
             while _orphans:
                 queued, tally = _orphans.popleft()
                 while queued:
                     tally.add(*queued.popleft())
         for source in sources:
             source.apply_queued()
-        with self._guard:
-            rows = [(b, dict(t.counts), {k: list(v) for k, v in t.buckets.items()}, dict(t.sums))
-                    for b, t in self.tallies.items()]  # fmt: skip
-        for name in COUNTERS:
-            family = CounterMetricFamily(f"lockkit_{name}", f"lockkit {name.replace('_', ' ')}", labels=["backend"])
-            for backend, counts, _, _ in rows:
-                family.add_metric([backend], counts[name])
-            yield family
-        for name in TIMINGS:
-            histogram = HistogramMetricFamily(f"lockkit_{name}_seconds", f"lockkit {name} time", labels=["backend"])
-            for backend, _, buckets, sums in rows:
-                cumulative, running = [], 0
-                for bound, hits in zip((*map(str, BUCKETS), "+Inf"), buckets[name], strict=True):
-                    running += hits
-                    cumulative.append((bound, running))
-                histogram.add_metric([backend], cumulative, sums[name])
-            yield histogram
+        with cls._guard:
+            return {backend: tally.copy() for backend, tally in instance.tallies.items()}
+
+    @classmethod
+    def forget_parent(cls) -> None:
+        """In a forked child: zero the tallies and drop the queued events, which are the parent's to count.
+
+        Only for the multi-process files, which sum every process: the child's must not repeat its parent's.
+        """
+        instance = cls._instance
+        if instance is None:
+            return
+        with cls._guard:
+            _orphans.clear()
+            for source in instance.sources:
+                source._queued.clear()
+            for tally in instance.tallies.values():
+                tally.reset()
+
+    def describe(self) -> list[Any]:
+        return []  # the families appear at the first scrape; nothing to check for clashes before
+
+    def collect(self) -> Iterator[Any]:
+        yield from families(self.totals().items())
 
 
-_orphans: deque[tuple[deque[tuple[str, str, float]], _Tally]] = deque()
+_orphans: deque[tuple[deque[Event], Totals]] = deque()
 """Queues of collected stats objects, applied to their tallies at the next scrape."""
 
 
-def _orphaned(queued: deque[tuple[str, str, float]], tally: _Tally) -> None:
+def _orphaned(queued: deque[Event], tally: Totals) -> None:
     # A finalizer runs wherever the garbage collector does, possibly inside code that holds the export lock:
     # so it takes no lock, it only hands the queue over (deque.append is atomic).
     if queued:
         _orphans.append((queued, tally))
 
 
+_held_for_fork = False
+
+
+def _before_fork() -> None:
+    # A fork while another thread holds the export lock would leave it held for ever in the child, whose first
+    # count or scrape would then hang (a gunicorn worker forked while the master scrapes): hold it across fork.
+    # With a timeout, in case the forking thread is the holder (a fork from a collector): then it is left alone.
+    global _held_for_fork
+    _held_for_fork = _Exporter._guard.acquire(timeout=5)
+
+
+def _after_fork() -> None:
+    global _held_for_fork
+    if _held_for_fork:
+        _held_for_fork = False
+        _Exporter._guard.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
 class BackendStats:
-    """Thread-safe counters and timings of one backend of a locker.
+    """Thread-safe counters and histograms of one backend of a locker.
 
     The hot path (an acquisition with its wait, a release with its hold time) only appends to a
     queue, which is applied when someone reads (``snapshot``, a Prometheus scrape) or when it grows
@@ -176,9 +343,9 @@ class BackendStats:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self._counts = dict.fromkeys(COUNTERS, 0)
-        self._timings = {name: _Reservoir() for name in TIMINGS}
+        self._samples = {name: _Reservoir() for name in HISTOGRAMS}
         self._rng = random.Random()
-        self._queued: deque[tuple[str, str, float]] = deque()
+        self._queued: deque[Event] = deque()
         self._tally = _Exporter.tally(backend, self)
         self._lock = _Exporter._guard if self._tally is not None else threading.Lock()
         if self._tally is not None:  # events still queued when this is dropped must reach Prometheus all the same
@@ -190,17 +357,28 @@ class BackendStats:
             if self._tally is not None:
                 self._tally.counts[counter] += n
 
-    def observe(self, timing: str, seconds: float) -> None:
+    def observe(self, name: str, value: float) -> None:
         with self._lock:
-            self._timings[timing].add(seconds, self._rng)
+            self._samples[name].add(value, self._rng)
             if self._tally is not None:
-                self._tally.observe(timing, seconds)
+                self._tally.observe(name, value)
 
-    def count_and_observe(self, counter: str, timing: str, seconds: float) -> None:
-        """Count one event with its timing, later (see the class): an acquisition with its wait, a release
+    def count_and_observe(self, counter: str, name: str, value: float) -> None:
+        """Count one event with its observation, later (see the class): an acquisition with its wait, a release
         with its hold time."""
         queued = self._queued
-        queued.append((counter, timing, seconds))  # deque.append is atomic: no lock on the hot path
+        queued.append((counter, name, value))  # deque.append is atomic: no lock on the hot path
+        if len(queued) >= QUEUED:
+            self.apply_queued()
+
+    def count_loss(self, lease: object) -> None:
+        """An on-lost callback: the backend registers it on every lease it tracks (one count per lease)."""
+        self.count("losses")
+
+    def observe_later(self, name: str, value: float) -> None:
+        """Observe ``value``, later (see the class): for observations on the hot path without a count."""
+        queued = self._queued
+        queued.append((None, name, value))
         if len(queued) >= QUEUED:
             self.apply_queued()
 
@@ -210,16 +388,17 @@ class BackendStats:
         queued = self._queued
         with self._lock:
             for _ in range(len(queued)):
-                counter, timing, seconds = queued.popleft()
-                self._counts[counter] += 1
-                self._timings[timing].add(seconds, self._rng)
+                counter, name, value = queued.popleft()
+                if counter is not None:
+                    self._counts[counter] += 1
+                self._samples[name].add(value, self._rng)
                 if self._tally is not None:
-                    self._tally.add(counter, timing, seconds)
+                    self._tally.add(counter, name, value)
 
     def snapshot(self) -> dict[str, Any]:
         self.apply_queued()
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
-            for name, reservoir in self._timings.items():
-                out[f"{name}_seconds"] = reservoir.summary()
+            for name, reservoir in self._samples.items():
+                out[HISTOGRAMS[name].key] = reservoir.summary()
         return out

@@ -106,3 +106,96 @@ def test_stats_collected_while_the_export_lock_is_held_do_not_deadlock() -> None
     worker.start()
     worker.join(5)
     assert not worker.is_alive(), "finalizing statistics under the export lock deadlocked"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ttl_used_is_the_share_of_the_ttl_gone_at_release() -> None:
+    clock = FakeClock()
+    with lockkit.connect("memory://ttl-used", clock=clock) as locks:
+        lock = locks.lock("t", ttl=10, auto_renew=False)
+        with lock:
+            clock.now += 6
+        stats = locks.stats()["default"]
+    # 1 - (deadline - now) / ttl, the deadline being 10 s minus the drift margin (1 % + 2 ms) after the grant
+    assert stats["ttl_used_ratio"]["count"] == 1
+    assert stats["ttl_used_ratio"]["max"] == pytest.approx(1 - (10 - 0.102 - 6) / 10)
+
+
+def test_prometheus_exports_ttl_used_buckets() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    clock = FakeClock()
+    labels = {"backend": "ttl-used-prom"}
+
+    def bucket(le: str) -> float:
+        return prometheus_client.REGISTRY.get_sample_value("lockkit_ttl_used_ratio_bucket", {**labels, "le": le}) or 0
+
+    before = {le: bucket(le) for le in ("0.75", "0.9", "+Inf")}
+    config = {"backends": {"ttl-used-prom": {"url": "memory://ttl-used-prom"}}}
+    with lockkit.from_config(config, clock=clock) as locks, locks.lock("t", ttl=10, auto_renew=False):
+        clock.now += 8  # 81 % of the TTL gone: past 0.75, within 0.9
+    assert bucket("0.75") == before["0.75"]
+    assert bucket("0.9") == before["0.9"] + 1
+    assert bucket("+Inf") == before["+Inf"] + 1
+
+
+def test_the_reservoir_stays_a_bounded_uniform_sample() -> None:
+    import random
+
+    from lockkit import metrics
+
+    rng = random.Random(7)
+    deciles = [0] * 10
+    n = 50_000
+    for _ in range(10):
+        reservoir = metrics._Reservoir()
+        for i in range(n):
+            reservoir.add(float(i), rng)
+        assert len(reservoir.values) == metrics.RESERVOIR and reservoir.seen == n
+        for value in reservoir.values:
+            deciles[int(value * 10 // n)] += 1
+    expected = 10 * metrics.RESERVOIR / 10
+    assert all(abs(count - expected) < 0.1 * expected for count in deciles), deciles  # ~7 σ: no false alarms
+
+
+def test_a_fork_while_another_thread_counts_does_not_hang_the_child() -> None:
+    """The export lock is held across fork: a child never starts with it held by a thread it does not have."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent(
+        """
+        import os
+        import threading
+        import time
+
+        from lockkit import metrics
+
+        held = threading.Event()
+
+        def hold() -> None:
+            with metrics._Exporter._guard:
+                held.set()
+                time.sleep(0.5)
+
+        threading.Thread(target=hold).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:  # what the child's first count would wait for, for ever if it came held
+            os._exit(0 if metrics._Exporter._guard.acquire(timeout=5) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
