@@ -52,3 +52,10 @@ mutants: servers $(DEV)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The alert rules of monitoring/ (docs/metrics.md): promtool, from Debian's prometheus package (make servers
+# installs it), checks them and runs their unit tests. make test runs the same in tests/test_metrics_rules.py.
+.PHONY: rules
+rules: servers
+	promtool check rules monitoring/lockkit.rules.yml
+	cd monitoring && promtool test rules lockkit.rules.test.yml

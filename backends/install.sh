@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the servers used by lockkit's integration tests (Debian/Ubuntu, apt).
 # Idempotent: installs only what is missing; prints nothing when all is present.
-#   redis-server, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE
+#   redis-server, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE,
+#   prometheus (for promtool: the alert rules of monitoring/ are checked and unit-tested)
 set -euo pipefail
 
 missing=()
@@ -25,6 +26,7 @@ check zookeeper test -f /usr/share/java/zookeeper.jar
 check etcd-server have_cmd etcd
 check etcd-client have_cmd etcdctl
 check openssl have_cmd openssl   # the TLS tests make a CA and certificates at run time
+check prometheus have_cmd promtool   # tests/test_metrics_rules.py: promtool check/test rules
 # any working JRE will do; install the headless default only if there is none
 if ! have_cmd java >/dev/null 2>&1 || ! java -version >/dev/null 2>&1; then
     missing+=(default-jre-headless)
@@ -56,7 +58,7 @@ apt-get "${apt_opts[@]}" update -q
 apt-get "${apt_opts[@]}" install -y -q "${missing[@]}"
 
 fail=0
-for cmd in redis-server etcd etcdctl java; do
+for cmd in redis-server etcd etcdctl java promtool; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         echo "backends/install.sh: $cmd still missing after install" >&2
         fail=1
