@@ -70,6 +70,10 @@ class Backend(Generic[D]):
     # -- lease registry ------------------------------------------------------------------
 
     def track(self, lease: Lease) -> None:
+        # Losses are counted here, where every lease passes, by the lease itself as it becomes LOST: once,
+        # whichever path gets there (a renewal refused or too late, the deadline, a session event, a release
+        # that finds the token gone, the locker closing). Counted by each path instead, the last two went uncounted.
+        lease.add_lost_callback(self.stats.count_loss)
         with self._mutex:
             self._leases[lease.token] = weakref.ref(lease)
             if len(self._leases) >= self._prune_at:
@@ -79,8 +83,8 @@ class Backend(Generic[D]):
                 # Under the mutex (it takes only the lease's own and runs no callbacks): a restored() that
                 # comes right after must find the lease UNCERTAIN already, or it would be lost in between.
                 lease.mark_uncertain(early[1])
-        if early is not None and early[0] and lease.mark_lost(early[1]):
-            self.stats.count("losses")
+        if early is not None and early[0]:
+            lease.mark_lost(early[1])
 
     def forget(self, lease: Lease) -> None:
         """Drop a lease that was released (or whose release failed), and note how close it came to running out."""
@@ -122,8 +126,7 @@ class Backend(Generic[D]):
         if lease is None:
             self._keep_early(token, True, reason)
             return
-        if lease.mark_lost(reason):
-            self.stats.count("losses")
+        lease.mark_lost(reason)
 
     def uncertain(self, token: str, reason: str) -> None:
         lease = self._find(token)
