@@ -200,7 +200,7 @@ def _read_dead(directory: Path) -> tuple[dict[str, Totals], set[str]]:
     return totals, set(data.get("folded", ()))
 
 
-def read(path: str | os.PathLike[str] | None = None) -> dict[str, Totals]:
+def _read_all(path: str | os.PathLike[str] | None = None) -> dict[str, Totals]:
     """The totals of every process that wrote to the directory, dead ones included, by backend."""
     directory = _directory(path)
     with _locked(directory, fcntl.LOCK_SH):
@@ -250,4 +250,4 @@ class MultiProcessCollector:
         writer = _writer
         if writer is not None and writer.directory.resolve() == self.directory.resolve():
             writer.flush()  # the scraped process's own figures, current to the scrape
-        yield from families(sorted(read(self.directory).items()))
+        yield from families(sorted(_read_all(self.directory).items()))
