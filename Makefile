@@ -39,7 +39,7 @@ typecheck: $(DEV)
 
 test: servers $(DEV)
 	$(BIN)/python scripts/unasync.py --check
-	$(BIN)/python -m pytest
+	LOCKKIT_REQUIRE_PROMTOOL=1 $(BIN)/python -m pytest
 	$(MAKE) --no-print-directory lint typecheck
 
 bench: servers $(DEV)

@@ -55,7 +55,19 @@ export DEBIAN_FRONTEND=noninteractive
 # wait for another apt/dpkg run to release its lock instead of failing at once
 apt_opts=(-o DPkg::Lock::Timeout=600)
 apt-get "${apt_opts[@]}" update -q
-apt-get "${apt_opts[@]}" install -y -q "${missing[@]}"
+# prometheus alone without its recommends: only promtool is wanted, not node-exporter (which a systemd host
+# would start as a service listening on :9100)
+others=()
+for pkg in "${missing[@]}"; do
+    if [ "$pkg" = prometheus ]; then
+        apt-get "${apt_opts[@]}" install -y -q --no-install-recommends prometheus
+    else
+        others+=("$pkg")
+    fi
+done
+if [ ${#others[@]} -gt 0 ]; then
+    apt-get "${apt_opts[@]}" install -y -q "${others[@]}"
+fi
 
 fail=0
 for cmd in redis-server etcd etcdctl java promtool; do

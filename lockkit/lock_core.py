@@ -201,8 +201,7 @@ class LockCore:
         if grant is None:
             if ticket is not None:
                 lease.renewal_refused(ticket)
-            if lease.mark_lost("renew found the server no longer holds our token"):
-                self.backend.stats.count("losses")
+            lease.mark_lost("renew found the server no longer holds our token")  # counted by the backend
             raise LockLost(f"lock {self.name!r} was lost: the server no longer holds our token")
         if not lease.extend(grant.sent_at, grant.ttl, ticket):
             lease.ensure_valid()

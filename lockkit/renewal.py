@@ -256,20 +256,20 @@ class RenewalBook:
             return None
         stats: BackendStats = entry.target.stats
         ticket, entry.ticket = entry.ticket, None
+        # Losses are counted by the lease's backend as it becomes LOST (Backend.track), not here.
         if isinstance(result, Grant):
             if lease.extend(result.sent_at, result.ttl, ticket):
                 stats.count("renewals")
                 entry.next_renew = renew_due(lease)
-            elif lease.mark_lost("the renewal came back after the lease's deadline"):
-                stats.count("losses")
+            else:
+                lease.mark_lost("the renewal came back after the lease's deadline")
             return None
-        stats.count("renewal_failures")
-        if result is None:
+        if result is None:  # an answer, not a failure: the token is gone (a loss)
             if ticket is not None:
                 lease.renewal_refused(ticket)
-            if lease.mark_lost("the server no longer holds our token (expired, evicted or taken)"):
-                stats.count("losses")
+            lease.mark_lost("the server no longer holds our token (expired, evicted or taken)")
             return None
+        stats.count("renewal_failures")  # an error: retried until the deadline
         if ticket is not None:
             lease.renewal_unknown(ticket)  # it may have landed: never trust more than it would have left
         entry.next_renew = now + min(MAX_RETRY_DELAY, lease.ttl * RETRY_FRACTION)
@@ -291,10 +291,8 @@ class RenewalBook:
                 reason = "max_hold reached: auto-renewal stopped and the TTL passed"
             else:
                 reason = "no renewal succeeded before the lease's deadline"
-            if entry.lease.mark_lost(reason):
-                entry.target.stats.count("losses")
-                if _session_bound(entry.target):
-                    to_release.append(entry)
+            if entry.lease.mark_lost(reason) and _session_bound(entry.target):
+                to_release.append(entry)
         return to_release
 
     def entries(self) -> list[Entry]:

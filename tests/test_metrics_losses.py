@@ -12,26 +12,23 @@ import pytest
 
 import lockkit
 
-NEEDS_CORE_HALF = pytest.mark.xfail(
-    strict=True,
-    reason="the lock_core.py/renewal.py half of issue 15's loss counting: they still count losses themselves "
-    "(twice, with Backend.track's count) and a refused renewal as a renewal failure",
-)
-
 
 def wait_for(event: threading.Event, what: str) -> None:
     assert event.wait(10), f"timed out waiting for {what}"
 
 
-def test_closing_a_locker_that_holds_leases_counts_each_loss() -> None:
+def test_closing_a_locker_counts_what_it_released_and_what_it_lost() -> None:
     locks = lockkit.connect("memory://losses-close")
-    first, second = locks.lock("a", ttl=30).acquire(), locks.lock("b", ttl=30).acquire()
-    locks.close()
+    first, second = locks.lock("a", ttl=30).acquire(), locks.lock("b", ttl=30, auto_renew=False).acquire()
+    with lockkit.connect("memory://losses-close") as admin:
+        admin.force_release("b")  # taken away before the close: close() finds it gone, a loss
+        locks.close()
     assert not first.valid and not second.valid
-    assert locks.stats()["default"]["losses"] == 2
+    stats = locks.stats()["default"]
+    assert stats["releases"] == 1  # close() released "a" (tests/test_close.py)
+    assert stats["losses"] == 1  # and "b", counted once
 
 
-@NEEDS_CORE_HALF
 def test_a_forced_release_is_a_loss_not_a_renewal_failure() -> None:
     lost = threading.Event()
     with lockkit.connect("memory://losses-forced") as locks:
@@ -46,7 +43,6 @@ def test_a_forced_release_is_a_loss_not_a_renewal_failure() -> None:
     assert stats["renewal_failures"] == 0
 
 
-@NEEDS_CORE_HALF
 def test_a_direct_renew_refused_counts_one_loss() -> None:
     with lockkit.connect("memory://losses-renew") as locks:
         lock = locks.lock("r", ttl=30)
@@ -60,7 +56,6 @@ def test_a_direct_renew_refused_counts_one_loss() -> None:
     assert stats["losses"] == 1 and stats["renewal_failures"] == 0
 
 
-@NEEDS_CORE_HALF
 def test_a_lease_that_ran_out_counts_once_however_it_is_found() -> None:
     """The deadline passes (the scheduler marks it lost), then the release finds the token gone too."""
     lost = threading.Event()
@@ -104,11 +99,15 @@ def test_prometheus_counts_the_loss_to_close() -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
     labels = {"backend": "losses-prom"}
 
-    def losses() -> float:
-        return prometheus_client.REGISTRY.get_sample_value("lockkit_losses_total", labels) or 0.0
+    def sample(name: str) -> float:
+        return prometheus_client.REGISTRY.get_sample_value(name, labels) or 0.0
 
-    before = losses()
+    lost, released = sample("lockkit_losses_total"), sample("lockkit_releases_total")
     locks = lockkit.from_config({"backends": {"losses-prom": {"url": "memory://losses-prom"}}})
     locks.lock("p", ttl=30).acquire()
-    locks.close()
-    assert losses() == before + 1
+    locks.lock("q", ttl=30, auto_renew=False).acquire()
+    with lockkit.connect("memory://losses-prom") as admin:
+        admin.force_release("q")
+        locks.close()
+    assert sample("lockkit_losses_total") == lost + 1  # "q", found gone at close
+    assert sample("lockkit_releases_total") == released + 1  # "p", released by close

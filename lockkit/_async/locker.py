@@ -302,9 +302,7 @@ class AsyncLocker:
                 backend.stats.count("releases")
             else:
                 kept.append(lease)
-        lost = [lease for lease in kept if lease.mark_lost("its locker was closed", warn=False)]
-        for _ in lost:
-            backend.stats.count("losses")
+        lost = [lease for lease in kept if lease.mark_lost("its locker was closed", warn=False)]  # counted as losses
         if not lost:
             return
         if why:
