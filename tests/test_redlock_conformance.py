@@ -26,3 +26,6 @@ class TestRedlockAsync(AsyncConformanceSuite):
     @pytest.fixture
     def url(self, redlock_servers: RedlockServers) -> str:
         return redlock_servers.url
+
+    async def test_guarantees_declare_no_fencing(self, locks: lockkit.AsyncLocker) -> None:
+        assert locks.guarantees()[locks.backends()[0]].fencing == "none"

@@ -1,27 +1,10 @@
-"""Child-process workers for the conformance suite (module-level so ``spawn`` can import them)."""
+"""The blocking conformance worker under its historical name (``tests/test_migrate.py`` runs it directly).
+
+The worker is generated: ``lockkit/testing/_async/workers.py`` is its source.
+"""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from ._sync.workers import increment_under_lock
 
-import lockkit
-
-
-def increment_under_lock(url: str | None, name: str, counter: str, rounds: int, log: str) -> None:
-    """Read-modify-write a counter file ``rounds`` times under the lock, logging enter/exit times.
-
-    ``url=None`` uses ``lockkit.connect()``'s own resolution (``LOCKKIT_URL``, ``LOCKKIT_CONFIG``, …).
-    """
-    with lockkit.connect(url) as locks:
-        lock = locks.lock(name, ttl=10)
-        for _ in range(rounds):
-            with lock as lease:
-                entered = time.monotonic()
-                path = Path(counter)
-                value = int(path.read_text() or "0")
-                time.sleep(0.001)  # widen the race window: without the lock, updates are lost
-                path.write_text(str(value + 1))
-                left = time.monotonic()
-                with open(log, "a", encoding="utf-8") as handle:
-                    handle.write(f"{entered} {left} {lease.fencing_token}\n")
+__all__ = ["increment_under_lock"]

@@ -1,0 +1,1 @@
+"""The conformance suite's asyncio face, written by hand; ``scripts/unasync.py`` generates ``../_sync`` from it."""
