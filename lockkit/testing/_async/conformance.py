@@ -145,6 +145,27 @@ class AsyncConformanceSuite(FaceTests):
             f"the holder's own expiry was {WAKE_HOLD_TTL:g} s away)"
         )
 
+    async def test_timed_out_acquire_leaves_nothing(  # C-8
+        self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
+    ) -> None:
+        # A waiter that gives up at its deadline must take its queue entry with it: a leftover entry ahead of
+        # the next waiter would hold that one up until it expired. (A cancelled task is the asyncio face's
+        # other way of giving up: test_cancelled_acquire_leaves_nothing.)
+        holder = locks.lock(name, ttl=HOLD_TTL)
+        await holder.acquire()
+        for _ in range(5):
+            with pytest.raises(LockTimeout):
+                await other.lock(name).acquire(timeout=0.05)
+        await holder.release()
+        third = locks.lock(name, ttl=HOLD_TTL)
+        started = time.monotonic()
+        await third.acquire(timeout=10)
+        assert time.monotonic() - started < SLACK, "a timed-out waiter still stood in the queue"
+        await third.release()
+        info = await locks.holder(name)
+        assert not info.held, "a timed-out acquire left the lock held"
+        assert not queued(info), "a timed-out acquire left a waiter counted on the server"
+
     async def test_tasks_exclude_each_other(self, url: str, name: str) -> None:
         # On the blocking face this test is test_mutual_exclusion_threads: a rule of scripts/unasync.py renames
         # it, as docs/reliability.md cites each face's name.
