@@ -78,7 +78,6 @@ HAND_WRITTEN: set[str] = {
 
 # --- the conformance suite, lockkit/testing (issue 13): its own block, to keep merges with other rules easy ---
 RULES += [
-    (r"async with ", "with "),
     (r"AsyncIterator", "Iterator"),
     (r"AsyncConformanceSuite", "ConformanceSuite"),
 ]
@@ -131,6 +130,11 @@ def _unwrap_awaits(text: str) -> str:
                     break
             j += 1
         inner = text[start + len("(await ") : j]
+        if start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_)]"):
+            # A call's own parentheses, ``f(await x)``: not a grouping; only ``await `` goes (by its rule).
+            out.append(text[i : start + 1])
+            i = start + 1
+            continue
         # Only unwrap a single call or name (``(await f(x))``); anything else keeps its parentheses.
         simple = re.fullmatch(r"[\w.]+(\(.*\))?", inner, re.DOTALL) is not None and "\n" not in inner
         out.append(text[i:start])
