@@ -5,17 +5,21 @@
   connection's ``_invoke``, the one call that performs the handshake;
 * container nodes (``createContainer``, opcode 19), which kazoo's ``create()``
   cannot make: sent through kazoo's request queue;
-* a barrier behind kazoo's watch callbacks (see :func:`barrier`).
+* a barrier behind kazoo's watch callbacks (see :func:`barrier`);
+* what each connect attempt met (refused, or a host name that does not resolve), which kazoo only logs;
+* kazoo's log, routed under lockkit's and quieted (see :class:`KazooLog`).
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
-from kazoo.protocol.serialization import Connect, Create2
+from kazoo.protocol.serialization import Auth, Connect, Create2
 from kazoo.protocol.states import Callback
 
 from ...errors import ConfigError
@@ -25,6 +29,66 @@ CONTAINER_FLAG = 4
 """``CreateMode.CONTAINER``: the server deletes the node once its last child is gone (ZooKeeper ≥ 3.5.3)."""
 
 
+KAZOO_LOGGER = "lockkit.kazoo"
+"""The logger kazoo's records go to (see :class:`KazooLog`)."""
+
+NOTHING_THERE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+"""Connect errors that mean no server is there at all (as opposed to one that is slow or silent)."""
+
+Attempt = Callable[[str | None], None]
+"""Told what one connect attempt met: ``None`` (a TCP connection, or a failure that proves nothing: a
+timeout), or why nothing was there (``"connection refused"``, ``"cannot resolve zk1"``…)."""
+
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:  # LoggerAdapter is subscriptable at run time only from Python 3.11 on
+    _Adapter = logging.LoggerAdapter
+
+
+class KazooLog(_Adapter):
+    """kazoo's logger for one client: its records go to ``lockkit.kazoo``, quieted and without secrets.
+
+    * Below ERROR, records are logged at DEBUG. During an outage kazoo logs a WARNING for every connect
+      attempt ("Connection dropped: … Connection refused", about one a second), and lockkit already reports
+      the outage once, as the ``BackendUnavailable`` of the call that waited for it; the detail is one step
+      away: ``lockkit -v``, or ``logging.getLogger("lockkit").setLevel(logging.DEBUG)``.
+    * ERROR and above (kazoo's own failures, with their tracebacks) keep their level.
+    * Below DEBUG (kazoo's BLATHER: raw request and session dumps) nothing is logged, and the digest
+      credential is masked wherever it appears: kazoo logs every request it sends at DEBUG, its ``Auth``
+      request (``user:password``) included.
+    * A WARNING about a connect attempt ("Cannot resolve zk1: …") is also told to ``attempt``: kazoo
+      reports a host name that does not resolve only in its log.
+    """
+
+    def __init__(self, credential: str | None, attempt: Attempt | None = None) -> None:
+        super().__init__(logging.getLogger(KAZOO_LOGGER), {})
+        self._secret = credential.partition(":")[2] if credential else None
+        self._attempt = attempt
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level == logging.WARNING and self._attempt is not None and str(msg).startswith("Cannot resolve"):
+            self._attempt(f"cannot resolve {args[0]}" if args else "a host name does not resolve")
+        if level < logging.DEBUG:
+            return
+        if level < logging.ERROR:
+            level = logging.DEBUG
+        if self.isEnabledFor(level):
+            self.logger.log(level, f"kazoo: {msg}", *(self._scrub(arg) for arg in args), **kwargs)
+
+    def warn(self, msg: object, *args: object, **kwargs: Any) -> None:
+        self.log(logging.WARNING, msg, *args, **kwargs)  # kazoo still calls the deprecated name
+
+    def _scrub(self, arg: object) -> object:
+        if isinstance(arg, Auth):
+            user = str(arg.auth).partition(":")[0]
+            return f"Auth(auth_type={arg.auth_type}, scheme={arg.scheme!r}, auth='{user}:***')"
+        if self._secret:
+            text = str(arg)
+            if self._secret in text:
+                return text.replace(self._secret, "***")
+        return arg
+
+
 class CreateContainer(Create2):  # type: ignore[misc]  # kazoo is untyped
     """ZooKeeper's ``createContainer`` request: the body and reply of ``create2``, another opcode."""
 
@@ -32,7 +96,11 @@ class CreateContainer(Create2):  # type: ignore[misc]  # kazoo is untyped
 
 
 def new_client(
-    hosts: str, options: ZooKeeperOptions, credential: str | None, on_negotiated: Callable[[float], None]
+    hosts: str,
+    options: ZooKeeperOptions,
+    credential: str | None,
+    on_negotiated: Callable[[float], None],
+    on_attempt: Attempt | None = None,
 ) -> KazooClient:
     kz = KazooClient(
         hosts=hosts,
@@ -42,7 +110,10 @@ def new_client(
         # reconnect fast (a lock's session is at stake), never give up; lockkit retries commands itself
         connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_jitter": 0.2, "max_delay": 1.0},
         command_retry={"max_tries": 0},
+        logger=KazooLog(credential, on_attempt),
     )
+    if on_attempt is not None:
+        _watch_connects(kz, on_attempt)
     connection: Any = getattr(kz, "_connection", None)
     original = getattr(connection, "_invoke", None)
     if connection is None or original is None:
@@ -56,6 +127,32 @@ def new_client(
 
     connection._invoke = invoke
     return kz
+
+
+def _watch_connects(kz: KazooClient, on_attempt: Attempt) -> None:
+    """Tell ``on_attempt`` what each TCP connect kazoo makes meets: kazoo only logs a refused one, then retries.
+
+    kazoo opens every connection through its handler's ``create_connection`` (one handler per client), so
+    wrapping it there sees the socket error itself rather than a log line.
+    """
+    handler: Any = kz.handler
+    original = handler.create_connection
+
+    def create_connection(*args: Any, **kwargs: Any) -> Any:
+        try:
+            sock = original(*args, **kwargs)
+        except OSError as exc:
+            if isinstance(exc, ConnectionRefusedError):
+                on_attempt("connection refused")
+            elif exc.errno in NOTHING_THERE:
+                on_attempt((exc.strerror or str(exc)).lower())
+            else:
+                on_attempt(None)  # a timeout, say: a server may be there, only slow or cut off
+            raise
+        on_attempt(None)
+        return sock
+
+    handler.create_connection = create_connection
 
 
 def create_parent_async(kz: KazooClient, parent: str, acl: Any, container: bool) -> Any:

@@ -32,7 +32,7 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from ...driver import LeaseEvents
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, ConfigError
 from ...timing import Clock
 from .nodes import HELD, LOST, UNCERTAIN, Held
 
@@ -181,7 +181,7 @@ class Leases:
         for entry, result in checks:
             try:
                 stat = session.call(result, f"check {entry.path}")
-            except BackendUnavailable:
+            except (BackendUnavailable, ConfigError):
                 continue  # the connection dropped again: the next SUSPENDED/CONNECTED decides
             with self._mutex:
                 mine = stat is not None and stat.ephemeralOwner == sid and stat.czxid == entry.czxid

@@ -77,6 +77,48 @@ class Held:
         return self.child.rpartition(MARK)[0]
 
 
+@dataclass(frozen=True)
+class Login:
+    """Who this client is to ZooKeeper and where, for the messages of a refused login (never the password)."""
+
+    hosts: str
+    """``host:port,…`` as given to kazoo."""
+    url: str
+    """The URL with its password masked."""
+    user: str | None = None
+
+    def refused(self, what: str, exc: BaseException) -> ConfigError:
+        """The error for a refused login: ``AUTH_FAILED`` at connect, or ``NoAuth`` / ``InvalidACL`` on a node.
+
+        ZooKeeper's digest scheme accepts any user:password at connect: a wrong password is only another
+        identity, which the ACL of lockkit's nodes (``CREATOR_ALL`` for the credentials that created them)
+        then refuses. So a ``NoAuth`` is how a wrong password shows, and it is a configuration error.
+        """
+        if isinstance(exc, AuthFailedError):
+            if self.user is None:
+                return ConfigError(
+                    f"ZooKeeper at {self.hosts} refused the session (AUTH_FAILED): the server requires a login. "
+                    "Put user:password@ in the URL (zookeeper://USER:PASSWORD@host:port/chroot)"
+                )
+            return ConfigError(
+                f"ZooKeeper at {self.hosts} rejected the digest login of user {self.user!r} (AUTH_FAILED). "
+                f"Check the user:password in the URL ({self.url}) and that the server accepts digest "
+                "authentication"
+            )
+        code = "InvalidACL" if isinstance(exc, InvalidACLError) else "NoAuth"
+        if self.user is None:
+            return ConfigError(
+                f"ZooKeeper at {self.hosts} refused to {what} without credentials ({code}): lockkit's nodes "
+                "there carry a digest ACL. Put the user:password that created them in the URL: "
+                "zookeeper://user:password@host:port/chroot"
+            )
+        return ConfigError(
+            f"ZooKeeper at {self.hosts} refused user {self.user!r} permission to {what} ({code}): the node "
+            f"belongs to other credentials (a wrong password is another identity). Fix the user:password in the "
+            f"URL ({self.url}); every client of these locks must use the same credentials"
+        )
+
+
 class Transient(BackendUnavailable):
     """A connection-level failure (lost connection, no reply, session moved): retried by waiting callers."""
 
@@ -138,17 +180,20 @@ def with_prefix(children: Iterable[str], prefix: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def translated(what: str, timeout: float, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-    """Turn kazoo's failures into lockkit errors; ``passthrough`` (``NoNodeError``, …) reach the caller."""
+def translated(
+    what: str, timeout: float, passthrough: tuple[type[BaseException], ...] = (), login: Login | None = None
+) -> Iterator[None]:
+    """Turn kazoo's failures into lockkit errors; ``passthrough`` (``NoNodeError``, …) reach the caller.
+
+    A refused login (``AUTH_FAILED``, ``NoAuth``, ``InvalidACL``) is a :class:`ConfigError` naming ``login``'s
+    user: retrying cannot help, the URL must change.
+    """
     try:
         yield
     except passthrough:
         raise
     except (NoAuthError, InvalidACLError, AuthFailedError) as exc:
-        raise BackendUnavailable(
-            f"ZooKeeper refused to {what}: access denied ({type(exc).__name__}). lockkit's nodes carry a "
-            "digest ACL: give the right user:password in the zookeeper:// URL"
-        ) from exc
+        raise (login or Login("the configured servers", "the zookeeper:// URL")).refused(what, exc) from exc
     except (ConnectionLoss, ConnectionClosedError, SessionExpiredError, OperationTimeoutError) as exc:
         raise Transient(f"could not {what}: the ZooKeeper connection was lost ({type(exc).__name__})") from exc
     except KazooTimeoutError as exc:
@@ -157,7 +202,13 @@ def translated(what: str, timeout: float, passthrough: tuple[type[BaseException]
         raise BackendUnavailable(f"ZooKeeper failed to {what}: {type(exc).__name__}") from exc
 
 
-def wait(result: Any, what: str, timeout: float, passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+def wait(
+    result: Any,
+    what: str,
+    timeout: float,
+    passthrough: tuple[type[BaseException], ...] = (),
+    login: Login | None = None,
+) -> Any:
     """The value of a kazoo async result, waiting at most ``timeout`` seconds."""
-    with translated(what, timeout, passthrough):
+    with translated(what, timeout, passthrough, login):
         return result.get(timeout=timeout)

@@ -19,16 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.exceptions import AuthFailedError, BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
 from kazoo.protocol.states import KazooState, KeeperState
 from kazoo.security import CREATOR_ALL_ACL, OPEN_ACL_UNSAFE
 
 from ...driver import LeaseEvents
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, ConfigError
 from ...timing import Clock
 from .client import barrier, create_parent_async, new_client
 from .leases import Leases, Orphan
-from .nodes import Layout, Transient, ZooKeeperOptions, wait, with_prefix
+from .nodes import Layout, Login, Transient, ZooKeeperOptions, wait, with_prefix
 
 log = logging.getLogger("lockkit")
 
@@ -38,6 +38,14 @@ CONNECT_GRACE = 1.0
 connection or a reply, capped by connect_timeout: a connect and handshake take a few milliseconds to a healthy
 server, and "one attempt" must be able to make it, yet an unreachable server must not hold such a call for
 connect_timeout (10 s by default)."""
+REFUSED_GRACE = 2.0
+"""Seconds a *first* connection is retried while no server is there (every attempt refused, or the host name
+does not resolve) before a waiting call raises, capped by connect_timeout: a server that is starting gets that
+long, yet a wrong port or host fails in about 2 s rather than connect_timeout. Once a session has existed,
+a refused reconnect waits as any outage does (a restarting server refuses for a while, and the session, with
+its locks, may survive it)."""
+REFUSED_POLL = 0.1
+"""How often a call waiting for the first connection looks whether no server is there (kazoo's thread learns it)."""
 
 
 class Session:
@@ -51,10 +59,13 @@ class Session:
         clock: Clock,
         events: LeaseEvents,
         layout: Layout,
+        shown: str | None = None,
     ) -> None:
         self.options = options
         self.layout = layout
         self.hosts = hosts
+        self.url = shown or hosts  # the URL with its password masked, for messages
+        self.login = Login(hosts, self.url, credential.partition(":")[0] if credential else None)
         self.acl = CREATOR_ALL_ACL if credential else OPEN_ACL_UNSAFE
         self.containers = True
         self._credential = credential
@@ -72,6 +83,9 @@ class Session:
         self._negotiated: float | None = None
         self._warned_timeout = False
         self._connected = threading.Event()
+        self._ever_connected = False
+        self._nothing_there: tuple[float, str] | None = None  # since when, and why (see REFUSED_GRACE)
+        self._auth_failed = False  # the server refused our login at connect (AUTH_FAILED): retrying cannot help
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.closed = False
@@ -87,6 +101,11 @@ class Session:
     def connect_grace(self) -> float:
         """How long a call whose own timeout is shorter still waits for a connection (see :data:`CONNECT_GRACE`)."""
         return min(self.options.connect_timeout, CONNECT_GRACE)
+
+    @property
+    def refused_grace(self) -> float:
+        """How long a first connection that finds no server is retried (see :data:`REFUSED_GRACE`)."""
+        return min(self.options.connect_timeout, REFUSED_GRACE)
 
     def end_of(self, deadline: float | None) -> float | None:
         """When a call with ``deadline`` stops waiting for a connection or a reply (``None``: connect_timeout).
@@ -119,18 +138,31 @@ class Session:
                 if kz is None or self.closed:
                     raise BackendUnavailable("this ZooKeeper driver is closed")
                 # a failure (e.g. access denied) keeps the connection: the next call tries the node again
-                wait(kz.ensure_path_async(self.layout.base, self.acl), f"create {self.layout.base}", self._wait(end))
+                wait(
+                    kz.ensure_path_async(self.layout.base, self.acl),
+                    f"create {self.layout.base}",
+                    self._wait(end),
+                    login=self.login,
+                )
                 self._ready = kz
             return self._ready
 
     def _new_client(self) -> KazooClient:
-        kz = new_client(self.hosts, self.options, self._credential, self._set_negotiated)
+        kz = new_client(self.hosts, self.options, self._credential, self._set_negotiated, self._on_attempt)
         kz.add_listener(functools.partial(self._listener, kz))
         self._kz = kz
         return kz
 
     def _set_negotiated(self, timeout: float) -> None:
         self._negotiated = timeout
+
+    def _on_attempt(self, nothing_there: str | None) -> None:
+        """On kazoo's thread: what a connect attempt met (see :data:`.client.Attempt`)."""
+        if nothing_there is None:
+            self._nothing_there = None
+        else:
+            since = self._nothing_there
+            self._nothing_there = (since[0] if since else self._clock(), nothing_there)
 
     def _start(self) -> None:
         kz = self._new_client()
@@ -162,22 +194,37 @@ class Session:
         if end is not None:
             limit = min(limit, end)
         while True:
+            if self._auth_failed:
+                raise self.login.refused("log in", AuthFailedError())
             sid = self.session_id()
             if sid is not None:
                 return sid
             if self.closed:
                 raise BackendUnavailable("this ZooKeeper driver is closed")
             now = self._clock()
+            nothing_there = None if self._ever_connected else self._nothing_there
+            if nothing_there is not None and now >= min(limit, nothing_there[0] + self.refused_grace):
+                raise self.nobody_there(nothing_there[1])
             if now >= limit:
                 raise self.unreachable(f"no connection for {max(0.0, now - started):.3g} s")
-            self._connected.wait(limit - now)
+            # before the first connection, look again soon: kazoo's thread may learn that no server is there
+            self._connected.wait(limit - now if self._ever_connected else min(limit - now, REFUSED_POLL))
+
+    def nobody_there(self, why: str) -> BackendUnavailable:
+        """The error for a first connection that no server accepted: where, why, and what to check."""
+        return BackendUnavailable(
+            f"could not connect to ZooKeeper at {self.hosts}: {why}. Is a ZooKeeper server running at "
+            f"{self.hosts}, and is the URL right ({self.url})? (A first connection that finds no server fails "
+            f"after {self.refused_grace:g} s; other outages wait up to connect_timeout, "
+            f"{self.options.connect_timeout:g} s. The client keeps trying in the background.)"
+        )
 
     def unreachable(self, what: str) -> BackendUnavailable:
         """The error for a call that ran out of time without ZooKeeper: what happened, and what to do."""
         return BackendUnavailable(
-            f"could not reach ZooKeeper at {self.hosts} ({what}). Check that the servers are up and reachable "
-            f"from this host. A call waits for a connection or a reply until its own timeout "
-            f"(try_acquire(): {self.connect_grace:g} s) and at most connect_timeout "
+            f"could not reach ZooKeeper at {self.hosts} ({what}). Is a ZooKeeper server running at {self.hosts} "
+            f"and reachable from this host, and is the URL right ({self.url})? A call waits for a connection or "
+            f"a reply until its own timeout (try_acquire(): {self.connect_grace:g} s) and at most connect_timeout "
             f"({self.options.connect_timeout:g} s, a zookeeper:// URL option); the client keeps connecting "
             "in the background, so a later call may succeed"
         )
@@ -192,7 +239,7 @@ class Session:
         self, result: Any, what: str, passthrough: tuple[type[BaseException], ...] = (), end: float | None = None
     ) -> Any:
         """The value of a kazoo async result; ``Transient`` after the session timeout, or at ``end`` if sooner."""
-        return wait(result, what, self._wait(end), passthrough)
+        return wait(result, what, self._wait(end), passthrough, self.login)
 
     def barrier(self) -> None:
         barrier(self.client(), self.timeout)
@@ -275,7 +322,7 @@ class Session:
                 return
             except Transient:
                 time.sleep(0.05 * 2**attempt)
-            except BackendUnavailable:  # e.g. access denied: nothing more to try; the session's end removes it
+            except (BackendUnavailable, ConfigError):  # access denied: nothing to retry; the session's end removes it
                 log.warning("lockkit: could not delete our ZooKeeper node under %s", parent, exc_info=True)
                 return
         with self._mutex:
@@ -307,11 +354,15 @@ class Session:
             return  # a client we replaced (see _revive)
         sid = None
         if state == KazooState.CONNECTED:
+            self._ever_connected = True
+            self._nothing_there = None
             self._connected.set()
             client_id = self._kz.client_id if self._kz is not None else None
             sid = int(client_id[0]) if client_id else None
         else:
             self._connected.clear()
+            if state == KazooState.LOST and kz is not None and kz.client_state == KeeperState.AUTH_FAILED:
+                self._auth_failed = True  # kazoo stops connecting; so must _revive
         self._queue.put(("state", (state, sid)))
         self._wake_all()
 
@@ -370,8 +421,8 @@ class Session:
         driver would stay disconnected until it is closed.
         """
         old = self._kz
-        if old is None or self.closed or old.client_state != KeeperState.CLOSED:
-            return
+        if old is None or self.closed or self._auth_failed or old.client_state != KeeperState.CLOSED:
+            return  # after AUTH_FAILED a new session would be refused again, and again: calls raise ConfigError
         log.warning("lockkit: kazoo's ZooKeeper connection loop stopped; starting a new session")
         with self._start_lock:
             if self.closed:

@@ -47,13 +47,18 @@ Guarantees and deviations:
 * An unreachable server is a ``BackendUnavailable`` by the caller's bound:
   waits for a connection or a reply end at the acquire deadline, at
   :data:`.session.CONNECT_GRACE` (1 s) for ``try_acquire`` and shorter
-  timeouts, and after ``connect_timeout`` at most.
+  timeouts, and after ``connect_timeout`` at most. A first connection that
+  finds no server (every attempt refused, or the host does not resolve) ends
+  after :data:`.session.REFUSED_GRACE` (2 s), asking whether a server runs at
+  host:port and whether the URL is right. kazoo's log goes to the
+  ``lockkit.kazoo`` logger, below ERROR at DEBUG (:class:`.client.KazooLog`).
 * Fencing token: the ``czxid`` of our node, a global transaction id, so it
   strictly increases across acquisitions, names and recreated parents.
 * Credentials: ``user:password`` in the URL is sent as a ``digest`` auth and
   every node lockkit creates gets ``CREATOR_ALL`` (only the same credentials
-  may read, join or delete); a wrong or missing credential is a
-  ``BackendUnavailable`` that says so. TLS is not supported yet.
+  may read, join or delete); a wrong or missing credential (``NoAuth`` on
+  lockkit's nodes) or a login the server refuses (``AUTH_FAILED``) is a
+  ``ConfigError`` naming the user, never the password. TLS is not supported yet.
 * kazoo has no asyncio API: the async face is :class:`lockkit.offload.ThreadOffloadDriver`.
 * Presence records (``migrate``) live as long as the session, not for their ttl: see :mod:`.presence`.
 """
@@ -129,7 +134,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
             if not url.username or not url.password:
                 raise ConfigError(f"ZooKeeper digest credentials need both a user and a password: {url}")
             credential = f"{url.username}:{url.password}"
-        session = Session(hosts, options, credential, ctx.clock, ctx.events, Layout(chroot))
+        session = Session(hosts, options, credential, ctx.clock, ctx.events, Layout(chroot), str(url))
         return cls(session, ctx, str(url))
 
     def __repr__(self) -> str:
@@ -424,7 +429,9 @@ class ZooKeeperDriver(ZooKeeperPresence):
     def ping(self) -> None:
         s = self._session
         s.wait_connected(None)  # raises after connect_timeout
-        s.call(s.client().exists_async(self._layout.base), "reach ZooKeeper")
+        # a read, not exists(): reading needs the base node's READ permission, so a wrong password (another
+        # digest identity, refused by the CREATOR_ALL ACL) fails the check instead of passing it
+        s.call(s.client().get_async(self._layout.base), f"read {self._layout.base}")
 
     def close(self) -> None:
         self._session.close()
