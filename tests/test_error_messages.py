@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import lockkit
-from backends.servers import ZooKeeperServer
+from backends.servers import EtcdServer, ZooKeeperServer
 from lockkit import BackendUnavailable, ConfigError, LockError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,3 +251,123 @@ def test_cli_refused_zookeeper_login_exits_2_naming_the_user(zookeeper_server: Z
         assert check.returncode == 1 and "FAIL" in check.stdout and "'app'" in check.stdout, check
         assert_clean(check.stdout + check.stderr)
         assert lease.valid
+
+
+# -- etcd: refused connection ----------------------------------------------------------------------------
+
+
+def test_etcd_refused_connection_says_where_and_what_to_check() -> None:
+    port = closed_port()
+    host = f"127.0.0.1:{port}"
+    with lockkit.connect(f"etcd://app:{SECRET}@{host}?timeout=1") as locks:
+        _took, exc = raised(lambda: locks.lock("x", ttl=5).acquire(timeout=5))
+        assert isinstance(exc, BackendUnavailable), exc
+        message = str(exc)
+        assert f"is an etcd server running at {host}" in message.lower(), message
+        assert "is the url right" in message.lower(), message
+        assert f"etcd://app:***@{host}" in message and "refused" in message.lower(), message
+        assert_clean(message)
+        (checked,) = locks.check().values()
+        assert isinstance(checked, BackendUnavailable) and f"etcd server running at {host}" in str(checked).lower()
+        assert_clean(str(checked))
+    other = closed_port()
+    with lockkit.connect(f"etcd://{host},127.0.0.1:{other}?timeout=1") as locks:
+        (checked,) = locks.check().values()
+        assert isinstance(checked, BackendUnavailable), checked
+        assert host in str(checked) and f"127.0.0.1:{other}" in str(checked), checked
+        assert_clean(str(checked))
+
+
+def test_cli_check_of_a_refused_etcd() -> None:
+    port = closed_port()
+    out = cli("check", "--url", f"etcd://app:{SECRET}@127.0.0.1:{port}?timeout=1")
+    assert out.returncode == 1, out
+    assert f"is an etcd server running at 127.0.0.1:{port}" in out.stdout.lower(), out.stdout
+    assert "Traceback" not in out.stderr
+    assert_clean(out.stdout + out.stderr)
+
+
+# -- etcd: logins ------------------------------------------------------------------------------------------
+
+
+def _ctl(server: EtcdServer, *args: str, user: str | None = None) -> None:
+    argv = ["etcdctl", *(["--user", user] if user else []), *args]
+    subprocess.run(argv, env=server.etcdctl_env(), capture_output=True, text=True, check=True, timeout=15)
+
+
+@pytest.fixture(scope="module")
+def etcd_with_auth() -> Iterator[EtcdServer]:
+    """etcd with auth on: ``lk`` may use ``/myapp/locks/``, ``nope`` only ``/other/``."""
+    with EtcdServer() as server:
+        for args in (
+            ("user", "add", "root:rootpw", "--interactive=false"),
+            ("role", "add", "root"),
+            ("user", "grant-role", "root", "root"),
+            ("role", "add", "locks"),
+            ("role", "grant-permission", "--prefix=true", "locks", "readwrite", "/myapp/locks/"),
+            ("user", "add", f"lk:{SECRET}", "--interactive=false"),
+            ("user", "grant-role", "lk", "locks"),
+            ("role", "add", "elsewhere"),
+            ("role", "grant-permission", "--prefix=true", "elsewhere", "readwrite", "/other/"),
+            ("user", "add", f"nope:{SECRET}", "--interactive=false"),
+            ("user", "grant-role", "nope", "elsewhere"),
+            ("auth", "enable"),
+        ):
+            _ctl(server, *args)
+        yield server
+
+
+def test_etcd_wrong_password_is_a_config_error_naming_the_user(etcd_with_auth: EtcdServer) -> None:
+    host = f"127.0.0.1:{etcd_with_auth.port}"
+    with lockkit.connect(f"etcd://lk:{WRONG}@{host}?prefix=/myapp/locks/") as locks:
+        _took, exc = raised(lambda: locks.lock("x", ttl=5).acquire(timeout=5))
+        assert isinstance(exc, ConfigError) and "'lk'" in str(exc) and host in str(exc), exc
+        assert_clean(str(exc))
+        no_secret(chain(exc))
+        (checked,) = locks.check().values()
+        assert isinstance(checked, ConfigError) and "'lk'" in str(checked)
+
+
+def test_etcd_auth_without_a_user_says_to_put_one_in_the_url(etcd_with_auth: EtcdServer) -> None:
+    host = f"127.0.0.1:{etcd_with_auth.port}"
+    with lockkit.connect(f"etcd://{host}?prefix=/myapp/locks/") as locks:
+        _took, exc = raised(lambda: locks.lock("x", ttl=5).acquire(timeout=5))
+        assert isinstance(exc, ConfigError), exc
+        assert "user:password@" in str(exc) and host in str(exc), exc
+        assert_clean(str(exc))
+        no_secret(chain(exc))
+        (checked,) = locks.check().values()
+        assert isinstance(checked, ConfigError) and "user:password@" in str(checked), checked
+        assert_clean(str(checked))
+    status = cli("status", "x", "--url", f"etcd://{host}")
+    assert status.returncode == 2 and "user:password@" in status.stderr, status
+    assert "Traceback" not in status.stderr
+    assert_clean(status.stdout + status.stderr)
+
+
+def test_etcd_permission_hint_names_the_real_prefix_and_user(etcd_with_auth: EtcdServer) -> None:
+    host = f"127.0.0.1:{etcd_with_auth.port}"
+    with lockkit.connect(f"etcd://lk:{SECRET}@{host}?prefix=/myapp/locks/") as allowed, allowed.lock("x", ttl=5):
+        pass  # the role works on its prefix
+    with lockkit.connect(f"etcd://nope:{SECRET}@{host}?prefix=/myapp/locks/") as denied:
+        _took, exc = raised(lambda: denied.lock("x", ttl=5).acquire(timeout=5))
+        assert isinstance(exc, BackendUnavailable), exc
+        message = str(exc)
+        assert "readwrite /myapp/locks/" in message and "PREFIX" not in message and "'nope'" in message, message
+        assert "etcdctl role grant-permission --prefix=true" in message, message
+        assert_clean(str(exc))
+        no_secret(chain(exc))
+
+
+def test_etcd_credentials_for_a_server_without_auth(etcd_server: EtcdServer) -> None:
+    host = f"127.0.0.1:{etcd_server.port}"
+    with lockkit.connect(f"etcd://lk:{SECRET}@{host}") as locks:
+        _took, exc = raised(lambda: locks.lock("x", ttl=5).acquire(timeout=5))
+        assert isinstance(exc, ConfigError), exc
+        message = str(exc)
+        assert "'lk'" in message and "authentication is not enabled" in message and host in message, message
+        assert_clean(str(exc))
+        no_secret(chain(exc))
+    status = cli("status", "x", "--url", f"etcd://lk:{SECRET}@{host}")
+    assert status.returncode == 2 and "'lk'" in status.stderr, status
+    assert_clean(status.stdout + status.stderr)

@@ -13,11 +13,17 @@ The import guard turns any failure to load grpc or the generated code (a
 protobuf too old for it raises ``VersionError``, python-etcd3-era code raises
 ``TypeError: Descriptors cannot be created directly``) into a
 :class:`~lockkit.errors.ConfigError` naming the fix.
+
+Errors: a refused login (wrong password, auth on and no user in the URL, credentials for a server without
+auth) is a ``ConfigError`` naming the user; every other failed RPC becomes a ``BackendUnavailable`` in words
+(:meth:`EtcdClient.translate`), never gRPC's raw ``UNAVAILABLE: failed to connect to all addresses``.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
+import shlex
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -56,6 +62,12 @@ _CHANNEL_OPTIONS = [
 ]
 _RETRY_CODES = ("UNAVAILABLE",)
 _AUTH_RETRY = ("invalid auth token", "auth token is not provided", "user name is empty")
+_NO_USER = "user name is empty"
+"""etcd's answer (INVALID_ARGUMENT) to a request without a token when auth is on: the URL has no user."""
+_AUTH_DISABLED = "authentication is not enabled"
+"""etcd's answer (FAILED_PRECONDITION) to a login when auth is off."""
+_CODE_PREFIX = re.compile(r"^(?:[A-Z_]+: )+")
+_ADDRESS_PREFIX = re.compile(r"^(?:ipv4|ipv6|unix|dns):\S+?: ")
 
 
 # -- request builders ------------------------------------------------------------------------------
@@ -95,9 +107,11 @@ class EtcdClient:
         password: str | None = None,
         timeout: float = 5.0,
         shown: str = "etcd",
+        prefix: str = "/lockkit/",
     ) -> None:
         self.timeout = timeout
         self.shown = shown  # the URL with its password masked, for messages
+        self.prefix = prefix  # lockkit's key prefix, for the permission hint
         self._targets = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in endpoints]
         self._credentials = credentials
         self._user, self._password = user, password
@@ -151,21 +165,52 @@ class EtcdClient:
                     f"etcd at {self.shown} rejected user {self._user!r}: wrong user name or password "
                     "(fix the credentials in the URL)"
                 ) from None
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and _AUTH_DISABLED in (exc.details() or ""):
+                raise ConfigError(
+                    f"etcd at {self.shown} refused the login of user {self._user!r}: {_AUTH_DISABLED} on that "
+                    "server. Remove user:password@ from the URL, or enable authentication there (etcdctl auth "
+                    "enable)"
+                ) from None
             raise  # the caller fails over (UNAVAILABLE) or translates it
         with self._mutex:
             self._token = token
         return token
 
     def translate(self, exc: Any, what: str) -> BackendUnavailable:
+        """The lockkit error for a failed RPC: what happened in words, and what to do; no raw gRPC status."""
         code = exc.code()
         detail = exc.details() or ""
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            return BackendUnavailable(
-                f"etcd at {self.shown} denied {what} ({detail}): grant the user's role readwrite on the "
-                "lock prefix, e.g. etcdctl role grant-permission --prefix=true ROLE readwrite PREFIX"
-            )
         name = getattr(code, "name", str(code))
-        return BackendUnavailable(f"etcd at {self.shown}: {what} failed ({name}: {detail})")
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            user = "the user" if self._user is None else f"user {self._user!r}"
+            prefix = shlex.quote(self.prefix)
+            return BackendUnavailable(
+                f"etcd at {self.shown} denied {user} {what} ({detail}): lockkit needs readwrite on its key prefix "
+                f"{self.prefix!r}. Grant it to a role of {user}: etcdctl role grant-permission --prefix=true "
+                f"<role> readwrite {prefix}, then etcdctl user grant-role {self._user or '<user>'} <role>"
+            )
+        if code == grpc.StatusCode.UNAVAILABLE and not detail.startswith("etcdserver:"):
+            return self.unreachable(detail)  # the connection, not etcd, failed: refused, reset, DNS, TLS
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return BackendUnavailable(
+                f"etcd at {self.shown} did not answer {what} in time (the timeout URL option, {self.timeout:g} s "
+                "by default per request): is the cluster overloaded, or a majority of its members down?"
+            )
+        return BackendUnavailable(f"etcd at {self.shown}: {what} failed ({detail or name}; gRPC status {name})")
+
+    def unreachable(self, detail: str) -> BackendUnavailable:
+        """The error for an endpoint that could not be connected to, with gRPC's reason made readable."""
+        reason = detail.rpartition("last error: ")[2] if "last error: " in detail else detail
+        reason = _ADDRESS_PREFIX.sub("", _CODE_PREFIX.sub("", reason.strip())) or "no connection"
+        if "connection refused" in reason.lower():
+            reason = "connection refused"
+        elif "handshake" in reason.lower():
+            reason += " (check the ca, cert and key options of the etcds:// URL)"
+        where = ", ".join(self._targets)
+        return BackendUnavailable(
+            f"could not connect to etcd at {where}: {reason}. Is an etcd server running at {where}, and is the "
+            f"URL right ({self.shown})?"
+        )
 
     def failover(self, service: str, invoke: Callable[[Any, Any], T]) -> T:
         """``invoke(stub, metadata)`` on the current member; on UNAVAILABLE try the next (each once).
@@ -181,6 +226,12 @@ class EtcdClient:
                 return invoke(self.stub(index, service), self.metadata(index))
             except grpc.RpcError as exc:
                 code, detail = exc.code(), (exc.details() or "")
+                if self._user is None and code == grpc.StatusCode.INVALID_ARGUMENT and _NO_USER in detail:
+                    raise ConfigError(
+                        f"etcd at {self.shown} requires a login (authentication is enabled there) and the URL "
+                        f"gives no user: put user:password@ in the URL ({self._scheme()}://USER:PASSWORD@"
+                        f"{','.join(self._targets)})"
+                    ) from None
                 if self._user is not None and not reauthed and any(s in detail for s in _AUTH_RETRY):
                     reauthed = True
                     self._authenticate(index)
@@ -191,6 +242,9 @@ class EtcdClient:
                 index = (index + 1) % len(self._targets)
                 with self._mutex:
                     self._current = index
+
+    def _scheme(self) -> str:
+        return "etcd" if self._credentials is None else "etcds"
 
     def call(self, service: str, method: str, request: Any, timeout: float | None = None) -> Any:
         """One unary RPC, failing over to the next member on UNAVAILABLE."""

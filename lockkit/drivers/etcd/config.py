@@ -74,5 +74,6 @@ def open_client(url: BackendURL) -> tuple[EtcdClient, EtcdOptions]:
         password=url.password,
         timeout=options.timeout,
         shown=str(url),
+        prefix=options.prefix,
     )
     return client, options
