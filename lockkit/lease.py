@@ -33,7 +33,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from .errors import LockLost
+from .errors import ConfigError, LockLost
 from .timing import Clock, lease_deadline
 
 __all__ = ["Lease", "LeaseState", "token_hint"]
@@ -82,7 +82,7 @@ class Lease:
         *,
         name: str,
         token: str,
-        fencing_token: int,
+        fencing_token: int | None,
         ttl: float,
         sent_at: float,
         clock: Clock,
@@ -91,7 +91,7 @@ class Lease:
     ) -> None:
         self.name = name
         self.token = token
-        self.fencing_token = fencing_token
+        self._fencing_token = fencing_token
         self.backend = backend
         self.acquired_at = sent_at
         self._clock = clock
@@ -160,13 +160,40 @@ class Lease:
         self._call(callback)
 
     @property
+    def fencing_token(self) -> int:
+        """The fencing token: strictly increasing per name on backends with fencing (``Guarantees.fencing``).
+
+        On a backend that hands out none (Redlock), reading it raises :class:`~lockkit.ConfigError` rather than
+        return a number: a constant would pass every ``token >= last`` check of a fenced store, a lock that
+        looks safe and is not. Check :attr:`fenced` first where either kind of backend may be configured.
+        """
+        token = self._fencing_token
+        if token is None:
+            raise ConfigError(
+                f"lock {self.name!r} is on backend {self.backend!r}, whose driver hands out no fencing tokens: a "
+                "number here would pass every fencing check. Route the call sites that fence to a backend with "
+                'fencing (require = ["fencing"] on the route in lockkit.toml), or test lease.fenced first'
+            )
+        return token
+
+    @property
+    def fenced(self) -> bool:
+        """Whether this lease carries a fencing token (its backend declares fencing)."""
+        return self._fencing_token is not None
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token, or ``None`` on a backend without fencing (for code that handles both)."""
+        return self._fencing_token
+
+    @property
     def owner_pid(self) -> int:
         return self._pid
 
     def __repr__(self) -> str:
         return (
             f"Lease(name={self.name!r}, backend={self.backend!r}, token=<{token_hint(self.token)}…>, "
-            f"fencing_token={self.fencing_token}, ttl={self._ttl:g}, state={self.state.value}, "
+            f"fencing_token={self._fencing_token}, ttl={self._ttl:g}, state={self.state.value}, "
             f"remaining={self.remaining():.3f})"
         )
 

@@ -112,7 +112,8 @@ class LockCore:
         lease = Lease(
             name=self.name,
             token=token,
-            fencing_token=grant.fencing_token,
+            # None, not the driver's constant 0, where the backend declares no fencing: see Lease.fencing_token
+            fencing_token=None if self.backend.guarantees.fencing == "none" else grant.fencing_token,
             ttl=grant.ttl,
             sent_at=grant.sent_at,
             clock=self.clock,

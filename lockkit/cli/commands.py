@@ -76,7 +76,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except LockTimeout as exc:
             print(f"lockkit run: {exc}", file=sys.stderr)
             return EXIT_TIMEOUT
-        env = dict(os.environ, LOCKKIT_FENCING_TOKEN=str(lease.fencing_token), LOCKKIT_LOCK_NAME=args.name)
+        env = dict(os.environ, LOCKKIT_LOCK_NAME=args.name)
+        env.pop("LOCKKIT_FENCING_TOKEN", None)  # never an inherited one: unset where the backend has no fencing
+        if lease.fenced:
+            env["LOCKKIT_FENCING_TOKEN"] = str(lease.fencing_token)
         try:
             proc = subprocess.Popen(command, env=env)
         except OSError as exc:

@@ -13,7 +13,7 @@ time is always later (it can only be granted after the release). From the sorted
 * **tokens in order**: the fencing tokens, in acquisition order, strictly increase. For ``etcd://`` and
   ``zookeeper://`` the token is the waiter's creation revision / czxid, i.e. its place in the queue,
   so this is the FIFO check; for ``redis://`` it is the fencing check. Skipped (``None``) when the
-  backend declares no fencing (Redlock: ``fencing_token`` is always 0, ``guarantees().fencing == "none"``).
+  backend declares no fencing (Redlock: ``guarantees().fencing == "none"``, ``lease.fence`` is ``None``).
 
 The hold is a busy loop, not ``sleep``: a sleeping holder gives up its CPU and the measured hand-off would
 include the scheduler's wake-up of the *holder*, which is not the lock's doing.
@@ -83,7 +83,7 @@ class _LockerContender:
 
     def acquire(self, timeout: float) -> int | None:
         lease = self.lock.acquire(timeout=timeout)
-        return lease.fencing_token if self.fences else None
+        return lease.fence if self.fences else None
 
     def release(self) -> None:
         self.lock.release()

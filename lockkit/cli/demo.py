@@ -47,7 +47,7 @@ def _worker(url: str | None, record: str, deductions: int, use_lock: bool, name:
         lock = locks.lock(name, ttl=10)
         for _ in range(deductions):
             with lock as lease:
-                _sell(path, lease.fencing_token)
+                _sell(path, lease.fence)
 
 
 @dataclass

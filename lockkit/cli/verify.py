@@ -70,7 +70,7 @@ def _worker(
                 break
             entered = time.monotonic()
             written = "skip"
-            fence = lease.fencing_token if fenced else None
+            fence = lease.fence if fenced else None
             value = store.read(fence, lease.token)
             time.sleep(random.uniform(0, 0.003))
             if value is None:
@@ -84,7 +84,7 @@ def _worker(
             except lockkit.LockError:
                 ended = "lost"
             with open(log_path, "a", encoding="utf-8") as handle:
-                handle.write(f"{entered} {left} {os.getpid()} {lease.fencing_token} {written} {ended}\n")
+                handle.write(f"{entered} {left} {os.getpid()} {lease.fence or 0} {written} {ended}\n")
 
 
 class _Entry(NamedTuple):

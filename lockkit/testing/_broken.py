@@ -82,7 +82,7 @@ _NO_FENCING = dataclasses.replace(FileDriver.guarantees, fencing="none", note="t
 
 
 class NoFencingFileDriver(FileDriver):
-    """A correct lock that offers no fencing token (always 0), as Redlock does: not broken, for contrast."""
+    """A correct lock that offers no fencing token, as Redlock does (its leases are not ``fenced``): for contrast."""
 
     guarantees = _NO_FENCING
 

@@ -49,7 +49,7 @@ def _acquired(t_call: float, lease: lockkit.Lease) -> None:
         "acq",
         repr(t_call),
         repr(time.monotonic()),
-        lease.fencing_token,
+        lease.fence or 0,
         repr(lease.ttl),
         token_hint(lease.token),
         repr(lease.expires_at),

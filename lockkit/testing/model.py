@@ -504,7 +504,7 @@ class LockModel(RuleBasedStateMachine):
             who,
             name,
             token_hint(lease.token),
-            lease.fencing_token,
+            lease.fence or 0,
             t_call,
             t_ret,
             auto_renew=False,

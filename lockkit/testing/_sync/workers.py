@@ -33,4 +33,4 @@ def increment_under_lock(url: str | None, name: str, counter: str, rounds: int, 
                 path.write_text(str(value + 1))
                 left = time.monotonic()
                 with open(log, "a", encoding="utf-8") as handle:
-                    handle.write(f"{entered} {left} {lease.fencing_token}\n")
+                    handle.write(f"{entered} {left} {lease.fence or 0}\n")
