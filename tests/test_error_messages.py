@@ -248,7 +248,7 @@ def test_cli_refused_zookeeper_login_exits_2_naming_the_user(zookeeper_server: Z
         assert "'app'" in status.stderr and "Traceback" not in status.stderr, status.stderr
         assert_clean(status.stdout + status.stderr)
         check = cli("check", "--url", wrong)
-        assert check.returncode == 1 and "FAIL" in check.stdout and "'app'" in check.stdout, check
+        assert check.returncode == 2 and "FAIL" in check.stdout and "'app'" in check.stdout, check  # fix the config
         assert_clean(check.stdout + check.stderr)
         assert lease.valid
 

@@ -218,13 +218,15 @@ def _routes_json(settings: Settings, guarantees: dict[str, Guarantees], names: l
 def _cmd_check(args: argparse.Namespace) -> int:
     with _locker(args) as locks:
         shown = locks.describe()
-        failed = 0
+        failed: list[LockError] = []
         for name, result in locks.check().items():
             if isinstance(result, float):
                 print(f"ok    {name:<12} {shown[name]}  round trip {result * 1000:.2f} ms")
             else:
-                failed += 1
+                failed.append(result)
                 print(f"FAIL  {name:<12} {shown[name]}  {result}")
+    if any(isinstance(error, ConfigError) for error in failed):
+        return EXIT_USAGE  # a refused login or the like: the configuration is what to fix
     return EXIT_UNAVAILABLE if failed else 0
 
 
