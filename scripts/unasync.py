@@ -48,6 +48,13 @@ RULES: list[Rule] = [
     (r"open_async_driver", "open_driver"),
     (r"connect_async", "connect"),
     (r"from_config_async", "from_config"),
+    # the Redis drivers (lockkit/drivers/redis/_async)
+    (r"AsyncRedisDriver", "RedisDriver"),
+    (r"AsyncRedlockDriver", "RedlockDriver"),
+    (r"AsyncNode", "SyncNode"),
+    (r"AsyncWatcher", "SyncWatcher"),
+    (r"AsyncBackground", "Background"),
+    (r"adrive", "drive"),
 ]
 
 
@@ -67,12 +74,19 @@ FILES: list[Pair] = [
     Pair("lockkit/_async/lock.py"),
     Pair("lockkit/_async/locker.py"),
     Pair("lockkit/drivers/_async/epoch_driver.py"),
+    # the flow runner: a blocking ``perform`` returns the result itself, not an awaitable
+    Pair("lockkit/drivers/redis/_async/drive.py", extra=[(r"Awaitable\[Any\]", "Any"), (r"Awaitable, ", "")]),
+    Pair("lockkit/drivers/redis/_async/node.py"),
+    Pair("lockkit/drivers/redis/_async/single.py"),
+    Pair("lockkit/drivers/redis/_async/redlock.py"),
 ]
 
 HAND_WRITTEN: set[str] = {
     "lockkit/_sync/__init__.py",
     "lockkit/_sync/primitives.py",
     "lockkit/drivers/_sync/__init__.py",
+    "lockkit/drivers/redis/_sync/__init__.py",
+    "lockkit/drivers/redis/_sync/primitives.py",
 }
 """Files in ``_sync`` folders written by hand: the per-face primitives and package markers."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -336,6 +337,44 @@ async def test_cancelled_async_waiter_leaves_the_queue(redis_server: RedisServer
             await asyncio.sleep(0.01)
         assert client.llen(queue) == 0 and client.zcard(alive) == 0
         await holder.release()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redlock"])
+async def test_async_acquire_honours_a_cancel_and_leaves_nothing(
+    scheme: str, redis_server: RedisServer, redlock_servers: RedlockServers
+) -> None:
+    """Both faces take the same arguments; the asyncio one ends a wait with None once its Cancel is set,
+    set here from another thread as a blocking caller's would be."""
+    from lockkit.driver import Cancel
+    from lockkit.drivers.redis.redlock import AsyncRedlockDriver
+    from lockkit.drivers.redis.single import AsyncRedisDriver
+
+    name = unique("cancelarg")
+    queue, alive = queue_keys(name)
+    faces: Any = (RedisDriver, AsyncRedisDriver) if scheme == "redis" else (RedlockDriver, AsyncRedlockDriver)
+    blocking, asyncio_face = faces
+    assert inspect.signature(blocking.acquire) == inspect.signature(asyncio_face.acquire)
+    url = parse_url(redis_server.url if scheme == "redis" else redlock_servers.url)
+    holder, driver = blocking.from_url(url, DriverContext()), asyncio_face.from_url(url, DriverContext())
+    try:
+        assert holder.acquire(name, "holder-token", 10.0, None) is not None
+        done = Cancel()
+        done.cancel()
+        assert await driver.acquire(name, "t0", 5.0, None, done) is None  # cancelled before it starts
+        cancel = Cancel()
+        threading.Timer(0.3, cancel.cancel).start()
+        started = time.monotonic()
+        assert await driver.acquire(name, "t1", 5.0, time.monotonic() + 10, cancel) is None
+        assert time.monotonic() - started < 0.3 + 1.0
+        if scheme == "redis":
+            client = raw(redis_server)
+            assert client.llen(queue) == 0 and client.zcard(alive) == 0  # it left the queue before returning
+        assert holder.release(name, "holder-token")
+        assert (await driver.acquire(name, "t2", 5.0, None)) is not None  # and nothing of t1 stands in the way
+        assert await driver.release(name, "t2")
+    finally:
+        holder.close()
+        await driver.close()
 
 
 def run(client: redis.Redis, script: scripts.Script, keys: list[bytes], *args: object) -> Any:

@@ -2,8 +2,8 @@
 
 A flow yields *operations* and receives their results; a face (blocking or
 asyncio) performs them. So the retry, waiting and quorum logic exists once and
-the two faces cannot drift apart (the approach of httpcore and h11, minus code
-generation). Operations:
+the two faces cannot drift apart (the approach of h11; the runner, :func:`._async.drive.adrive`,
+is written once too and its blocking twin generated). Operations:
 
 * :class:`Send` — run these calls (one server: its replies; Redlock: a
   :class:`~.quorum.NodeResult` per master, sent to all in parallel);
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -50,13 +50,13 @@ from redis.exceptions import ResponseError
 from ...driver import Grant
 from ...errors import BackendUnavailable
 from ...timing import Clock
+from .calls import Call
 from .keys import LockKeys
-from .node import Call
 from .quorum import NodeResult, quorum, tally_acquire
 from .scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELEASE, LEAVE, RELEASE
 
 __all__ = [
-    "Send", "Wait", "Watch", "acquire_flow", "adrive", "drive", "leave_call", "redlock_acquire_flow", "release_call",
+    "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call", "redlock_acquire_flow", "release_call",
     "waiter_id",
 ]  # fmt: skip
 
@@ -241,33 +241,3 @@ def redlock_acquire_flow(
             wait = tally.free_in + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * tally.free_in))
         if (yield Wait(wait if left is None else min(wait, left))) == "cancelled":
             return None
-
-
-def drive(flow: Flow[R], perform: Callable[[Op], Any]) -> R:
-    """Run a flow with blocking I/O."""
-    try:
-        result: Any = None
-        while True:
-            try:
-                op = flow.send(result)
-            except StopIteration as stop:
-                value: R = stop.value
-                return value
-            result = perform(op)
-    finally:
-        flow.close()
-
-
-async def adrive(flow: Flow[R], perform: Callable[[Op], Awaitable[Any]]) -> R:
-    """Run a flow on the event loop."""
-    try:
-        result: Any = None
-        while True:
-            try:
-                op = flow.send(result)
-            except StopIteration as stop:
-                value: R = stop.value
-                return value
-            result = await perform(op)
-    finally:
-        flow.close()

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import BackendUnavailable
+from .calls import Call
 from .keys import presence_keys
-from .node import Call
 from .scripts import ANNOUNCE, MEMBERS, WITHDRAW
 
 __all__ = ["announce_call", "members_call", "merge_members", "parse_members", "withdraw_call"]

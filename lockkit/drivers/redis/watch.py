@@ -9,6 +9,7 @@ the client's other waiters are not for it. Redlock watchers have no waiter id an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 
@@ -149,32 +150,69 @@ class SyncWatcher:
 
 
 class AsyncWatcher:
-    """One asyncio waiter (cancellation arrives as CancelledError, not as an outcome)."""
+    """One asyncio waiter: :class:`SyncWatcher`'s twin (the same arguments but the loop, the same outcomes).
 
-    def __init__(self, targets: Sequence[tuple[Hub, bytes]], wid: str | None = None) -> None:
-        self._targets = targets
+    A cancel of the awaiting task arrives as CancelledError; a :class:`~lockkit.driver.Cancel` (set from
+    any thread) or :meth:`interrupt` ends the current or next wait with ``"cancelled"``.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[tuple[Hub, bytes]],
+        cancel: Cancel | None = None,
+        wid: str | None = None,
+        before: list[Snapshot] | None = None,
+    ) -> None:
+        self._targets, self._cancel = targets, cancel
         self._wid = None if wid is None else wid.encode()
-        self._before = snapshots(targets)
-        self._event = asyncio.Event()
+        self._before = snapshots(targets) if before is None else before
         self._granted: int | None = None
         self._watching = False
         self._interrupted = False
+        # Made at the first watch or wait, as in the blocking twin: most acquires never wait.
+        self._event: asyncio.Event | None = None
+        self._unhook: Callable[[], None] | None = None
+
+    def _armed(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = event = asyncio.Event()
+            if self._cancel is not None:
+                loop = asyncio.get_running_loop()
+
+                def wake() -> None:  # the Cancel may be set from another thread
+                    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                        loop.call_soon_threadsafe(event.set)
+
+                self._unhook = self._cancel.on_cancel(wake)
+        return self._event
+
+    def _stopped(self) -> bool:
+        return self._interrupted or (self._cancel is not None and self._cancel.cancelled)
 
     def _message(self, data: bytes) -> None:
+        event = self._event  # armed by watch() before the hub can call this
+        if event is None:
+            return
         meaning = _grant(data, self._wid)
         if meaning is not None:
             if meaning:
                 self._granted = meaning
-            self._event.set()
+            event.set()
 
-    async def watch(self, confirm: bool = True) -> bool:  # always confirmed: awaiting costs no thread hop
+    async def watch(self, confirm: bool = True) -> bool:
+        """Subscribe and wait for the server's confirmation, whatever ``confirm`` says (awaiting it costs no
+        thread hop here); True if a message may have been missed since the snapshot."""
+        self._armed()
         self._watching = True
         return await _subscribe(self._targets, self._before, self._message)
 
     async def wait(self, timeout: float | None) -> str | int:
-        woken = await wait_event(self._event, timeout)
-        self._event.clear()
-        if self._interrupted:
+        if self._stopped():
+            return "cancelled"
+        event = self._armed()
+        woken = await wait_event(event, timeout)
+        event.clear()
+        if self._stopped():
             return "cancelled"
         granted, self._granted = self._granted, None
         return _outcome(granted, woken)
@@ -182,9 +220,12 @@ class AsyncWatcher:
     def interrupt(self) -> None:
         """End the current or next wait with ``"cancelled"`` (for a shielded acquire whose caller gave up)."""
         self._interrupted = True
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
 
     def close(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
         if self._watching:
             for hub, channel in self._targets:
                 hub.unwatch(channel, self._message)

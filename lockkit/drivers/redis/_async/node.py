@@ -1,0 +1,117 @@
+"""One Redis server as the drivers use it: pipelined script calls on a pooled connection.
+
+:class:`AsyncNode` does a few things and nothing else; what to send lives in :mod:`..calls` and
+:mod:`..flow`, how to read the hello's replies in :mod:`..config`, and the connections themselves come
+from this face's ``primitives``:
+
+* a call is split into :meth:`AsyncNode.send` and :meth:`AsyncNode.receive`, so that a Redlock
+  fan-out sends to every master first and then reads the replies against one
+  shared deadline (all masters in parallel, no thread per master);
+* a fresh connection prepends its hello (``INFO server``, ``CONFIG GET``, and
+  ``SCRIPT LOAD`` the first time) to the first commands it carries; with
+  ``strict=true`` the hello goes alone first, so a refused server runs nothing;
+* a ``NOSCRIPT`` reply reloads the script and runs the failed calls again on the
+  same connection (``NOSCRIPT`` means they did not run);
+* a connection error is retried once on a fresh connection only for idempotent
+  calls (renew, release, holder); never for acquire. :meth:`AsyncNode.run_again_on_error`
+  also says whether the error came after the calls were sent (they may have run, and
+  only the reply was lost): a retried release needs to know.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ..calls import Call, pack, pack_calls, reload_plan
+from ..config import NodeSpec, NodeState, apply_hello, hello_commands
+from .primitives import open_pool, read_replies
+
+__all__ = ["AsyncNode"]
+
+
+@dataclass
+class Pending:
+    """Calls sent on ``conn`` whose replies (after ``hello`` replies of the connection's hello) are unread."""
+
+    conn: Any
+    calls: Sequence[Call]
+    hello: int
+
+
+class AsyncNode:
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.state = NodeState(spec.label, spec.options.strict)
+        self.pool = open_pool(spec)
+
+    async def send(self, calls: Sequence[Call], payload: bytes | None = None) -> Pending:
+        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master)."""
+        if self.state.refused is not None:
+            raise self.state.refused
+        conn = await self.pool.get()
+        try:
+            hello: list[tuple[Any, ...]] = []
+            if conn.__dict__.pop("lockkit_fresh", False):
+                hello = hello_commands(self.state)
+                if self.state.strict:  # check before anything runs: a refused server must not take locks
+                    await conn.send_packed_command([pack(hello)])
+                    deadline = time.monotonic() + self.spec.options.timeout
+                    apply_hello(self.state, await read_replies(conn, len(hello), deadline))
+                    hello = []
+            await conn.send_packed_command([pack(hello) + (payload or pack_calls(calls))])
+        except BaseException:
+            await conn.disconnect()
+            await self.pool.release(conn)
+            raise
+        return Pending(conn, calls, len(hello))
+
+    async def receive(self, pending: Pending, deadline: float) -> list[Any]:
+        """The replies of ``pending``'s calls; the first may wait until ``deadline`` (monotonic, shared by a
+        fan-out). Error replies come back as exception objects."""
+        conn = pending.conn
+        ok = False
+        try:
+            replies = await read_replies(conn, pending.hello + len(pending.calls), deadline)
+            if pending.hello:
+                apply_hello(self.state, replies[: pending.hello])
+            replies = replies[pending.hello :]
+            redo, commands = reload_plan(pending.calls, replies)
+            if redo:
+                await conn.send_packed_command([pack(commands)])
+                again = await read_replies(conn, len(commands), time.monotonic() + self.spec.options.timeout)
+                for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
+                    replies[index] = reply
+            ok = True
+            return replies
+        finally:
+            if not ok:
+                await conn.disconnect()
+            await self.pool.release(conn)
+
+    async def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        if idempotent:
+            replies, _ = await self.run_again_on_error(calls)
+            return replies
+        return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout)
+
+    async def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
+        """Run idempotent calls, once more on a fresh connection after a connection error; and whether they
+        may have run twice: the error came after they were sent, so the server may have run them and only the
+        reply was lost (a release retried then finds its own work done and must not read that as "not ours")."""
+        try:
+            pending = await self.send(calls)
+        except RedisConnectionError:  # nothing reached the server: a plain retry
+            return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout), False
+        try:
+            return await self.receive(pending, time.monotonic() + self.spec.options.timeout), False
+        except RedisConnectionError:
+            pass
+        return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout), True
+
+    async def close(self) -> None:
+        await self.pool.disconnect()

@@ -1,0 +1,250 @@
+"""The Redlock driver (``redlock://``, one lock across N independent masters): :class:`AsyncRedlockDriver`.
+
+This file is the source of the blocking :class:`RedlockDriver` too: ``scripts/unasync.py`` generates
+``../_sync/redlock.py`` from it. How Redlock works here and what it guarantees is documented in
+:mod:`lockkit.drivers.redis.redlock`; the acquire loop lives in :mod:`..flow` and the quorum arithmetic in
+:mod:`..quorum` (no I/O); what the faces do their own way comes from this face's ``primitives``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ....errors import BackendUnavailable
+from ....lease import token_hint
+from ....urls import BackendURL
+from ..calls import Call, pack_calls
+from ..config import NodeSpec, RedlockOptions, redlock_nodes
+from ..flow import Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
+from ..hub import Hub
+from ..keys import lock_keys
+from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
+from ..quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
+from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+from .drive import adrive
+from .node import AsyncNode
+from .primitives import AsyncBackground
+
+__all__ = ["GUARANTEES", "AsyncRedlockDriver"]
+
+GUARANTEES = Guarantees(
+    scope="majority",
+    fifo=False,
+    fencing="none",
+    survives_failover=True,
+    lifetime="ttl",
+    note="A majority of independent Redis masters; safe only under bounded clock drift and pauses, "
+    "and it offers no fencing token (fencing_token is always 0).",
+)
+MAX_TRACKED = 100_000
+
+Epochs = tuple[int | None, ...]
+"""Each master's restart count (:attr:`..config.NodeState.epoch`) when a lease was granted; None: not reached."""
+
+
+class AsyncRedlockDriver:
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
+        self.specs, self.options, self.clock = specs, options, ctx.clock
+        self.need = quorum(len(specs))
+        self._epochs: dict[str, Epochs] = {}
+        """The masters' epochs at each lease's grant: a master restarted since (perhaps without our key) does
+        not count towards a renewal's quorum."""
+        self._nodes = [AsyncNode(spec) for spec in specs]
+        self._background = AsyncBackground("lockkit-redlock-pubsub")
+        self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> AsyncRedlockDriver:
+        return cls(*redlock_nodes(url), ctx)
+
+    async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
+        pending: list[Any] = []
+        payload = pack_calls(calls)  # the same bytes go to every master
+        for node in self._nodes:  # write to every master before reading any reply
+            try:
+                pending.append(await node.send(calls, payload))
+            except (RedisError, OSError) as exc:
+                pending.append(exc)
+        deadline = time.monotonic() + self.options.timeout
+        results: list[NodeResult] = []
+        for node, sent in zip(self._nodes, pending, strict=True):
+            repeated = False
+            try:
+                if isinstance(sent, BaseException):
+                    raise sent
+                replies: Any = await node.receive(sent, deadline)
+            except RedisConnectionError as exc:
+                replies = exc
+                if idempotent:  # a stale pooled connection: once more on a fresh one
+                    with contextlib.suppress(RedisError, OSError):
+                        replies = await node.run(calls, False)
+                        repeated = not isinstance(sent, BaseException)  # sent: it may have run, its reply lost
+            except (RedisError, OSError) as exc:
+                replies = exc
+            results.append(NodeResult(replies, node.state.epoch, repeated))
+        return results
+
+    def _flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[tuple[Grant, Epochs] | None]:
+        keys = lock_keys(self.options.prefix, name)
+        return redlock_acquire_flow(keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay)
+
+    def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
+        if result is None:
+            return None
+        if len(self._epochs) >= MAX_TRACKED:  # leases lost without a release: forget the oldest
+            self._epochs.pop(next(iter(self._epochs)), None)
+        self._epochs[token] = result[1]
+        return result[0]
+
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        """Take ``name`` for ``token`` on a quorum of masters, retrying until ``deadline``; ``None`` if not by
+        then, or once ``cancel`` is set. On the asyncio face, cancelling the awaiting task undoes a grant that
+        raced it on every master."""
+        if cancel is not None and cancel.cancelled:
+            return None
+        channel = lock_keys(self.options.prefix, name).channel
+        for hub in self._hubs:
+            hub.own_process()
+        # made before the first attempt: its snapshot of the hubs must predate it
+        watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel)
+
+        async def perform(op: Op) -> Any:
+            if isinstance(op, Send):
+                return await self._fan_out(op.calls, op.idempotent)
+            if isinstance(op, Watch):
+                return await watcher.watch()
+            assert isinstance(op, Wait)
+            return await watcher.wait(op.timeout)
+
+        async def attempt() -> Grant | None:
+            try:
+                return self._granted(token, await adrive(self._flow(name, token, ttl, deadline), perform))
+            finally:
+                watcher.close()
+
+        return await self._background.shielded(attempt, watcher, lambda: self._undo(name, token))
+
+    async def _undo(self, name: str, token: str) -> None:
+        with contextlib.suppress(BackendUnavailable):
+            await self.release(name, token)
+
+    async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        return one_renewal(await self.renew_many([RenewRequest(name, token, ttl)]))
+
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self.clock()
+        calls = [Call(RENEW, (lock_keys(self.options.prefix, r.name).lock,), (r.token, ms(r.ttl))) for r in requests]
+        results = await self._fan_out(calls, True)
+        elapsed = self.clock() - sent_at
+        out: list[Grant | Exception | None] = []
+        for i, request in enumerate(requests):
+            verdict = tally_renew(results, i, self._epochs.get(request.token), request.ttl, elapsed)
+            if verdict == "held":
+                out.append(Grant(0, request.ttl, sent_at))
+            elif verdict == "unreachable":
+                out.append(self._unreachable(results, i, "renew"))
+            else:
+                self._epochs.pop(request.token, None)
+                out.append(None)
+        return out
+
+    def _release_call(self, name: str, token: str | None) -> Call:
+        keys = lock_keys(self.options.prefix, name)
+        if token is None:
+            return Call(FORCE_RELEASE, (keys.lock,), (keys.channel,))
+        return Call(RELEASE, (keys.lock,), (token, keys.channel))
+
+    def _unreachable(self, results: list[NodeResult], index: int, what: str) -> BackendUnavailable:
+        _, reached = count_ok(results, index)
+        return BackendUnavailable(f"redlock {what}: reached {reached} of {len(results)} masters, needs {self.need}")
+
+    async def release(self, name: str, token: str) -> bool:
+        results = await self._fan_out([self._release_call(name, token)], True)
+        self._epochs.pop(token, None)
+        ok, reached = count_ok(results)
+        if ok >= self.need:
+            return True
+        # A master whose release was retried after the connection broke under it may have run the first
+        # attempt (only its reply lost): its "not ours" then means "already released by us". If those could
+        # make up the quorum, the outcome is unknown: not LockNotOwned, which would mark the lease lost.
+        if ok + count_repeated_misses(results) >= self.need:
+            raise BackendUnavailable(
+                f"redlock: the connection to some masters broke after the release of {name!r} was sent, and "
+                "their retries found the lock no longer ours: most likely the first attempt released it there, "
+                "else it had expired or been taken. This client does not hold it either way; do not retry the "
+                "release"
+            )
+        if reached < self.need:
+            raise self._unreachable(results, 0, "release")
+        return False
+
+    async def force_release(self, name: str) -> bool:
+        results = await self._fan_out([self._release_call(name, None)], True)
+        return count_ok(results)[0] > 0
+
+    async def holder(self, name: str) -> HolderInfo:
+        results = await self._fan_out([Call(HOLDER, (lock_keys(self.options.prefix, name).lock,))], True)
+        seen: dict[bytes, list[int]] = {}
+        reached = 0
+        for result in results:
+            if isinstance(result.replies, BaseException) or not isinstance(result.replies[0], list):
+                continue
+            reached += 1
+            token, pttl, _ = result.replies[0]
+            if token is not None:
+                seen.setdefault(token, []).append(int(pttl))
+        if reached < self.need:
+            raise self._unreachable(results, 0, "holder")
+        for token, pttls in seen.items():
+            if len(pttls) >= self.need:
+                left = sorted(pttls, reverse=True)[self.need - 1]
+                return HolderInfo(True, token_hint(token.decode()), None, left / 1000 if left >= 0 else None)
+        return HolderInfo(False)
+
+    def _written(self, results: list[NodeResult], what: str) -> None:
+        """A presence write stands once a majority of masters applied it."""
+        if count_ok(results)[0] < self.need:
+            raise self._unreachable(results, 0, what)
+
+    async def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        call = announce_call(self.options.prefix, group, member, value, ttl)
+        self._written(await self._fan_out([call], True), "announce")
+
+    async def withdraw(self, group: str, member: str) -> None:
+        call = withdraw_call(self.options.prefix, group, member)
+        self._written(await self._fan_out([call], True), "withdraw")
+
+    async def members(self, group: str) -> dict[str, str]:
+        results = await self._fan_out([members_call(self.options.prefix, group)], True)
+        views = [
+            parse_members(r.replies[0], spec.label)
+            for r, spec in zip(results, self.specs, strict=True)
+            if not isinstance(r.replies, BaseException) and isinstance(r.replies[0], list)
+        ]
+        if len(views) < self.need:
+            raise self._unreachable(results, 0, "members")
+        return merge_members(views)
+
+    async def ping(self) -> None:
+        results = await self._fan_out([Call(None, (), ("PING",))], True)
+        if sum(not isinstance(r.replies, BaseException) for r in results) < self.need:
+            raise self._unreachable(results, 0, "ping")
+
+    async def close(self) -> None:
+        await self._background.close(self._hubs)
+        for node in self._nodes:
+            await node.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncRedlockDriver({','.join(s.label for s in self.specs)})"

@@ -1,0 +1,211 @@
+"""The single-node Redis driver (``redis://``, ``rediss://``, ``unix://``): :class:`AsyncRedisDriver`.
+
+This file is the source of the blocking :class:`RedisDriver` too: ``scripts/unasync.py`` generates
+``../_sync/single.py`` from it. The URLs, keys, scripts and guarantees are documented in
+:mod:`lockkit.drivers.redis.single`; what to send and how to wait lives in :mod:`..flow` (no I/O); what the
+faces do their own way (connections, watchers, clean-ups) comes from this face's ``primitives``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from redis.exceptions import RedisError
+
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ....errors import BackendUnavailable
+from ....lease import token_hint
+from ....urls import BackendURL
+from ..calls import Call
+from ..config import NodeSpec, RedisOptions, redis_nodes
+from ..flow import Flow, Op, Send, Wait, Watch, acquire_flow, checked, leave_call, ms, release_call, waiter_id
+from ..hub import Hub
+from ..keys import LockKeys, lock_keys
+from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
+from ..scripts import FAIR_HOLDER, RENEW
+from ..watch import AsyncWatcher, snapshots
+from .drive import adrive
+from .node import AsyncNode
+from .primitives import AsyncBackground
+
+__all__ = ["GUARANTEES", "AsyncRedisDriver"]
+
+GUARANTEES = Guarantees(
+    scope="single-node",
+    fifo=True,
+    fencing="strict",
+    survives_failover=False,
+    lifetime="ttl",
+    note="One Redis server: a failover (asynchronous replication) can lose a held lock; fencing tokens "
+    "restart after FLUSHALL or a restart without persistence.",
+)
+
+
+def unavailable(label: str, exc: BaseException) -> BackendUnavailable:
+    return BackendUnavailable(f"redis {label} is unreachable: {exc}")
+
+
+class AsyncRedisDriver:
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
+        self.spec, self.options, self.clock = spec, options, ctx.clock
+        self._node = AsyncNode(spec)
+        self._background = AsyncBackground("lockkit-redis-pubsub")
+        self._hub = Hub(spec)  # no I/O until the first wait; made here so that racing threads share one
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> AsyncRedisDriver:
+        return cls(*redis_nodes(url), ctx)
+
+    def _keys(self, name: str) -> LockKeys:
+        return lock_keys(self.options.prefix, name)
+
+    async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        try:
+            return await self._node.run(calls, idempotent)
+        except RedisError as exc:
+            raise unavailable(self.spec.label, exc) from exc
+
+    async def _one(self, call: Call, what: str) -> Any:
+        """The reply of one idempotent call, a refused script raised as :class:`BackendUnavailable`."""
+        replies = await self._run([call], True)
+        return checked(replies[0], self.spec.label, what)
+
+    def _flow(
+        self, name: str, token: str, ttl: float, deadline: float | None, wid: str, listening: bool
+    ) -> Flow[Grant | None]:
+        o = self.options
+        return acquire_flow(
+            self._keys(name), token, ttl, deadline, self.clock, self.spec.label, wid, listening, o.min_replicas,
+            o.replica_timeout,
+        )  # fmt: skip
+
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        """Take ``name`` for ``token``, waiting in line until ``deadline``; ``None`` if not by then, or once
+        ``cancel`` is set (what the wait queued is removed first). On the asyncio face, cancelling the
+        awaiting task removes it too."""
+        if cancel is not None and cancel.cancelled:
+            return None
+        hub = self._hub
+        hub.own_process()
+        wid = waiter_id(hub.client_id, ttl, token)  # a release's grant to it goes to the client's own channel
+        targets = [(hub, self._keys(name).channel), (hub, hub.client_channel)]
+        before = snapshots(targets)  # before the first attempt; the watcher itself only if we must wait
+        watcher: AsyncWatcher | None = None
+
+        async def perform(op: Op) -> Any:
+            nonlocal watcher
+            if isinstance(op, Send):
+                try:
+                    return await self._run(op.calls, op.idempotent)
+                except BackendUnavailable:
+                    if op.quiet:
+                        return None
+                    raise
+            if watcher is None:
+                watcher = self._background.watcher(targets, cancel, wid, before)
+            if isinstance(op, Watch):
+                return await watcher.watch(op.confirm)
+            assert isinstance(op, Wait)
+            return await watcher.wait(op.timeout)
+
+        try:
+            listening = before[1] is not None  # this client's channel is subscribed: queue at the first attempt
+            return await adrive(self._flow(name, token, ttl, deadline, wid, listening), perform)
+        except BaseException:
+            # An attempt may have taken the lock (a reply lost to a timeout), the waiter may be queued, or a release
+            # may have granted it the lock: leave and pass it on now, or a later release would grant the lock to
+            # this abandoned token and it would stay taken for a whole TTL. Best effort: the error is what counts.
+            self._background.clean_up(self._leave, name, token, wid)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.close()
+
+    async def _leave(self, name: str, token: str, wid: str) -> None:
+        """Leave the queue, passing on the lock if a script or a release granted it (owner-checked, so harmless
+        if nothing was)."""
+        with contextlib.suppress(Exception):  # what is left frees itself (TTL, queue entry expiry)
+            await self._run([leave_call(self._keys(name), token, wid)], True)
+
+    async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
+        return one_renewal(await self.renew_many([RenewRequest(name, token, ttl)]))
+
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self.clock()
+        replies = await self._run(self._renew_calls(requests), True)
+        results: list[Grant | Exception | None] = []
+        for request, reply in zip(requests, replies, strict=False):
+            try:
+                fence = checked(reply, self.spec.label, "renew")
+            except BackendUnavailable as exc:
+                results.append(exc)
+                continue
+            results.append(Grant(fence, request.ttl, sent_at) if fence >= 0 else None)
+        return results
+
+    def _renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
+        return [Call(RENEW, (k.lock, k.fence), (r.token, ms(r.ttl))) for r in requests for k in (self._keys(r.name),)]
+
+    async def release(self, name: str, token: str) -> bool:
+        try:
+            replies, repeated = await self._node.run_again_on_error([release_call(self._keys(name), token)])
+        except RedisError as exc:
+            raise unavailable(self.spec.label, exc) from exc
+        return self._released(name, replies[0], repeated)
+
+    def _released(self, name: str, reply: Any, repeated: bool) -> bool:
+        """A release's reply; ``repeated``: it comes from a retry after the connection broke under a sent release.
+
+        Then "not ours" is no evidence that the lock expired or was taken: the first attempt may have run (only
+        its reply lost) and deleted the key or granted it to the next waiter. Reporting that as LockNotOwned
+        would mark a lease lost whose release happened; the outcome is unknown, so say so. The retry itself is
+        guarded by our token like every release, so it never touches another holder's lock.
+        """
+        if checked(reply, self.spec.label, "release"):
+            return True
+        if repeated:
+            raise BackendUnavailable(
+                f"redis {self.spec.label}: the connection broke after the release of {name!r} was sent, and the "
+                "retry found the lock no longer ours: most likely the first attempt released it (and perhaps "
+                "granted it to the next waiter), else it had expired or been taken. This client does not hold "
+                "it either way; do not retry the release"
+            )
+        return False
+
+    async def force_release(self, name: str) -> bool:
+        return bool(await self._one(release_call(self._keys(name), None), "force_release"))
+
+    async def holder(self, name: str) -> HolderInfo:
+        keys = self._keys(name)
+        reply = await self._one(Call(FAIR_HOLDER, (keys.lock, keys.fence, keys.alive)), "holder")
+        token, pttl, fence, waiters = reply
+        if token is None:
+            return HolderInfo(False, waiters=waiters)
+        ttl_left = pttl / 1000 if pttl >= 0 else None
+        return HolderInfo(True, token_hint(token.decode()), int(fence) if fence else None, ttl_left, waiters)
+
+    async def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
+        await self._one(announce_call(self.options.prefix, group, member, value, ttl), "announce")
+
+    async def withdraw(self, group: str, member: str) -> None:
+        await self._one(withdraw_call(self.options.prefix, group, member), "withdraw")
+
+    async def members(self, group: str) -> dict[str, str]:
+        replies = await self._run([members_call(self.options.prefix, group)], True)
+        return merge_members([parse_members(replies[0], self.spec.label)])
+
+    async def ping(self) -> None:
+        await self._one(Call(None, (), ("PING",)), "ping")
+
+    async def close(self) -> None:
+        await self._background.close([self._hub])
+        await self._node.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncRedisDriver({self.spec.label})"

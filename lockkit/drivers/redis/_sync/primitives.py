@@ -1,0 +1,81 @@
+"""What the blocking face of the Redis drivers does its own way, written by hand (``../_async/primitives.py``
+is its asyncio twin, with the same names).
+
+* the connections: :func:`open_pool` (lockkit's lean pool, :mod:`..pool`) and :func:`read_replies`;
+* :class:`Background`: what runs beside the callers of a driver — the thread whose event loop runs the
+  pub/sub hubs (only this face needs one), the watchers of its waiters, and the clean-up of an acquire that
+  ended early, which runs inline here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+
+from ....driver import Cancel
+from ..config import NodeSpec
+from ..hub import Hub, LoopThread, Snapshot
+from ..pool import ConnectionPool
+from ..resp import read_replies
+from ..watch import SyncWatcher
+
+__all__ = ["Background", "ConnectionPool", "open_pool", "read_replies"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _mark_fresh(conn: Any) -> None:
+    conn.on_connect()
+    conn.lockkit_fresh = True
+
+
+def open_pool(spec: NodeSpec) -> ConnectionPool:
+    kwargs = spec.pool_kwargs(_mark_fresh)
+    size, wait = kwargs.pop("max_connections"), kwargs.pop("timeout")
+    cls: Any = redis.Connection
+    if spec.path is not None:
+        cls = redis.UnixDomainSocketConnection
+    elif spec.tls:
+        cls = redis.SSLConnection
+    return ConnectionPool(lambda: cls(**kwargs), size, wait)
+
+
+class Background:
+    """What runs beside a blocking driver's callers: the hubs' event loop thread (started at the first
+    contended acquire) and its waiters' watchers."""
+
+    def __init__(self, name: str) -> None:
+        self._loop = LoopThread(name)
+
+    def watcher(
+        self,
+        targets: Sequence[tuple[Hub, bytes]],
+        cancel: Cancel | None,
+        wid: str | None = None,
+        before: list[Snapshot] | None = None,
+    ) -> SyncWatcher:
+        """A waiter on ``targets`` (see :class:`..watch.SyncWatcher`)."""
+        return SyncWatcher(self._loop, targets, cancel, wid, before)
+
+    def clean_up(self, step: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Run ``step(*args, **kwargs)`` now, in the caller's thread: a blocking caller that gave up waits for
+        its clean-up (the asyncio twin runs it in a task)."""
+        step(*args, **kwargs)
+
+    def shielded(
+        self, attempt: Callable[[], T | None], watcher: SyncWatcher, undo: Callable[[], None]
+    ) -> T | None:
+        """Run ``attempt()``. The asyncio twin shields it from the caller's cancel; a blocking attempt is not
+        cancelled half-way by another party (a :class:`~lockkit.driver.Cancel` ends its next wait instead),
+        so ``watcher`` and ``undo`` are not needed here."""
+        return attempt()
+
+    def close(self, hubs: Sequence[Hub]) -> None:
+        """Close the hubs on their loop thread, then stop it."""
+        if self._loop.started:
+            for hub in hubs:
+                self._loop.run(hub.close())
+        self._loop.stop()

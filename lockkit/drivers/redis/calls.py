@@ -1,0 +1,76 @@
+"""What a node sends, with no I/O: calls, their RESP encoding, and the plan after a ``NOSCRIPT`` reply.
+
+Both faces of :class:`~lockkit.drivers.redis.node.SyncNode` / ``AsyncNode`` (and the flows of :mod:`.flow`,
+which build calls) share these; the nodes only move the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from .scripts import Script
+
+__all__ = ["Call", "pack", "pack_calls", "reload_plan"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One command: a script by SHA with its KEYS and ARGV, or a plain command (``script=None``)."""
+
+    script: Script | None
+    keys: tuple[bytes, ...] = ()
+    args: tuple[Any, ...] = ()
+
+    def command(self) -> tuple[Any, ...]:
+        if self.script is None:
+            return self.args
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+
+def reload_plan(calls: Sequence[Call], replies: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """Indexes of calls that got NOSCRIPT, and the commands that load their scripts and rerun them."""
+    redo = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+    scripts: dict[str, Script] = {}
+    for i in redo:
+        script = calls[i].script
+        if script is not None:
+            scripts[script.sha] = script
+    loads: list[tuple[Any, ...]] = [("SCRIPT", "LOAD", s.source) for s in scripts.values()]
+    return redo, loads + [calls[i].command() for i in redo]
+
+
+def _bulk(arg: Any) -> bytes:
+    data = arg if type(arg) is bytes else str(arg).encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
+    """RESP-encode commands of bytes/str/int arguments."""
+    return b"".join(b"*%d\r\n" % len(args) + b"".join(map(_bulk, args)) for args in commands)
+
+
+_heads: dict[tuple[str, int, int], bytes] = {}
+
+
+def pack_calls(calls: Sequence[Call]) -> bytes:
+    """RESP-encode calls; the constant ``EVALSHA sha numkeys`` head of each shape is encoded once (several
+    times faster than redis-py's general packer, which matters for a renewal round of thousands of calls)."""
+    out: list[bytes] = []
+    for call in calls:
+        script = call.script
+        if script is None:
+            out.append(pack([call.args]))
+            continue
+        shape = (script.sha, len(call.keys), len(call.args))
+        head = _heads.get(shape)
+        if head is None:
+            size = b"*%d\r\n" % (3 + shape[1] + shape[2])
+            head = _heads[shape] = size + pack([("EVALSHA", script.sha, shape[1])])[4:]
+        out.append(head)
+        out.extend(map(_bulk, call.keys))
+        out.extend(map(_bulk, call.args))
+    return b"".join(out)
