@@ -385,7 +385,8 @@ def test_scripts_grant_to_the_first_listening_waiter_and_pass_a_late_grant_on(re
     name = unique("scripts")
     k = lock_keys("lockkit:", name)
     client = raw(redis_server)
-    keys = [k.lock, k.queue, k.alive, k.fence]
+    keys = [k.lock, k.fence, k.queue, k.alive]  # one KEYS order for every script of a lock
+    assert list(k.script_keys()) == keys and list(k.script_keys(2)) == keys[:2]
     alive = int(client.time()[0]) * 1000 + 10_000
     # an id without token (another version's), a client nobody listens on (crashed), then two listening ones
     wids = ["c0", "c1.5000.a1", "c2.5000.b2", "c3.7000.c3"]
@@ -407,12 +408,16 @@ def test_scripts_grant_to_the_first_listening_waiter_and_pass_a_late_grant_on(re
     assert client.get(k.lock) == b"c3" and 5000 < client.pttl(k.lock) <= 7000
     assert client.llen(k.queue) == 0 and client.zcard(k.alive) == 0
     # c3 missed the message: its next attempt finds its token, extends it and returns the same fencing token
-    taken = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "c3", 9000, "c3.7000.c3", 250, 9)
+    taken = run(client, scripts.FAIR_ACQUIRE, keys, "c3", 9000, "c3.7000.c3", 250, 9)
     assert taken == [1, 2] and client.pttl(k.lock) > 7000
     assert run(client, scripts.FAIR_RELEASE, keys, "c3", k.channel, k.clients) == 1
     assert client.get(k.lock) is None
-    newcomer = run(client, scripts.FAIR_ACQUIRE, [k.lock, k.fence, k.queue, k.alive], "t4", 5000, "", 250, 9)
+    newcomer = run(client, scripts.FAIR_ACQUIRE, keys, "t4", 5000, "", 250, 9)
     assert newcomer == [1, 3]
+    queued = run(client, scripts.FAIR_ACQUIRE, keys, "t5", 5000, "c5.5000.t5", 250, 9)
+    assert queued[0] == 0 and client.llen(k.queue) == 1
+    token, pttl, fence, waiters = run(client, scripts.FAIR_HOLDER, keys)
+    assert token == b"t4" and 0 < pttl <= 5000 and fence == b"3" and waiters == 1
 
 
 def test_a_waiter_that_fails_leaves_the_queue_and_is_never_granted_the_lock(

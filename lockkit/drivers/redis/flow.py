@@ -126,12 +126,12 @@ def waiter_id(client_id: str, ttl: float, token: str) -> str:
 def release_call(keys: LockKeys, token: str | None) -> Call:
     """The single-node release: grant the lock to the first live waiter, else delete it and wake everyone."""
     script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
-    return Call(script, (keys.lock, keys.queue, keys.alive, keys.fence), (token or "", keys.channel, keys.clients))
+    return Call(script, keys.script_keys(), (token or "", keys.channel, keys.clients))
 
 
 def leave_call(keys: LockKeys, token: str, wid: str) -> Call:
     """Leave the queue, and pass the lock on if a release granted it to this waiter after all."""
-    return Call(LEAVE, (keys.lock, keys.queue, keys.alive, keys.fence), (token, keys.channel, keys.clients, wid))
+    return Call(LEAVE, keys.script_keys(), (token, keys.channel, keys.clients, wid))
 
 
 def acquire_flow(
@@ -155,7 +155,7 @@ def acquire_flow(
 
     def attempt(queue: bool) -> tuple[Call, ...]:
         args = (token, ms(ttl), wid if queue else "", MARGIN_MS, MAX_QUEUE)
-        take = Call(FAIR_ACQUIRE, (keys.lock, keys.fence, keys.queue, keys.alive), args)
+        take = Call(FAIR_ACQUIRE, keys.script_keys(), args)
         if min_replicas:
             return (take, Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))))
         return (take,)
@@ -212,8 +212,8 @@ def redlock_acquire_flow(
     masters: int,
     retry_delay: float,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
-    take = (Call(ACQUIRE, (keys.lock,), (token, ms(ttl))),)
-    undo = (Call(RELEASE, (keys.lock,), (token, keys.channel)),)
+    take = (Call(ACQUIRE, keys.script_keys(1), (token, ms(ttl))),)
+    undo = (Call(RELEASE, keys.script_keys(1), (token, keys.channel)),)
     need = quorum(masters)
     watching = False
     while True:

@@ -21,6 +21,10 @@ injective and makes ``{E}`` the Redis Cluster hash tag of every key of one lock
 (a ``}`` inside the name would otherwise end the tag early, and an empty tag
 would hash each key on its own), so all keys of a lock live in one slot. The
 prefix must not contain ``{`` or ``}``.
+
+Every script of a lock (:mod:`.scripts`) takes its ``KEYS`` in one order, built by
+:meth:`LockKeys.script_keys`: lock, fence, queue, alive. A script that needs fewer takes the first
+ones: Redlock's scripts the lock alone, the single-node renewal the lock and its fence.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ class LockKeys:
     alive: bytes
     clients: bytes
     """The prefix of the clients' own wake-up channels (``<prefix>client:<client id>``; a channel, not a key)."""
+
+    def script_keys(self, count: int = 4) -> tuple[bytes, ...]:
+        """The ``KEYS`` of this lock's scripts, in the order every one of them takes: lock, fence, queue, alive;
+        the first ``count`` of them for a script that needs fewer (1: Redlock's, 2: lock and fence)."""
+        return (self.lock, self.fence, self.queue, self.alive)[:count]
 
 
 def check_prefix(prefix: str) -> str:

@@ -8,8 +8,10 @@ called by SHA1 (``EVALSHA``); a ``NOSCRIPT`` reply (after ``SCRIPT FLUSH`` or a
 restart) reloads the script and runs the same call again, which is safe because
 ``NOSCRIPT`` means the script did not run. There is no non-atomic fallback.
 
-The fencing counter (``KEYS[2]``) is optional: the single-node driver passes it,
-Redlock does not (it offers no fencing token, see :mod:`lockkit.drivers.redis.redlock`).
+Every script of a lock takes its ``KEYS`` in one order, lock, fence, queue, alive
+(:meth:`.keys.LockKeys.script_keys`), or the first of them if it needs fewer. The fencing counter
+(``KEYS[2]``) is optional in the scripts Redlock shares: the single-node driver passes it, Redlock does not
+(it offers no fencing token, see :mod:`lockkit.drivers.redis.redlock`).
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ local function first_live(queue, alive, skip, now)
 end
 """
 
-# KEYS[1] lock; KEYS[2] queue (list); KEYS[3] alive-until (zset); KEYS[4] fencing counter.  ARGV[2] the lock's
+# KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] queue (list); KEYS[4] alive-until (zset).  ARGV[2] the lock's
 # channel; ARGV[3] the prefix of the clients' own channels. The grant is published on the channel of the
 # client whose waiter it names, not on the lock's channel, so a release wakes one client's pub/sub reader
 # rather than every contender's. Waiters whose clients are gone are skipped: every waiter of a client found
@@ -220,22 +222,22 @@ _HANDOFF = (
     _NOW
     + """
 local function hand_off()
-  if redis.call('lindex', KEYS[2], 0) then
+  if redis.call('lindex', KEYS[3], 0) then
     local now = now_ms()
     local silent, tries = {}, 0
     while tries < 8 do
-      local head = first_live(KEYS[2], KEYS[3], false, now)
+      local head = first_live(KEYS[3], KEYS[4], false, now)
       if not head then break end
-      redis.call('lpop', KEYS[2])
-      redis.call('zrem', KEYS[3], head)
+      redis.call('lpop', KEYS[3])
+      redis.call('zrem', KEYS[4], head)
       local client, ttl, token = string.match(head, '^(%x+)%.(%d+)%.(.+)$')
       -- a client found silent once in this release is not asked again: its other waiters go without a try
       if token and not silent[client] then
         tries = tries + 1
-        local fence = (tonumber(redis.call('get', KEYS[4])) or 0) + 1
+        local fence = (tonumber(redis.call('get', KEYS[2])) or 0) + 1
         if redis.call('publish', ARGV[3] .. client, head .. ' ' .. fence) > 0 then
           redis.call('set', KEYS[1], token, 'PX', ttl)
-          redis.call('incr', KEYS[4])
+          redis.call('incr', KEYS[2])
           return
         end
         silent[client] = true
@@ -308,15 +310,15 @@ return {0, wait}
 """,
 )
 
-# KEYS[1] lock; KEYS[2] queue; KEYS[3] alive-until; KEYS[4] fencing counter.  ARGV[1] token; ARGV[2] channel;
-# ARGV[3] clients' channel prefix
+# KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] queue; KEYS[4] alive-until (as FAIR_ACQUIRE).  ARGV[1] token;
+# ARGV[2] channel; ARGV[3] clients' channel prefix
 # -> 1 if the key held our token (granted to the first live waiter, or deleted and everyone woken); 0 otherwise
 FAIR_RELEASE = Script(
     "fair_release",
     # As in FAIR_ACQUIRE, the common cases (not ours; nobody queued) end before any helper is defined.
     """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-if not redis.call('lindex', KEYS[2], 0) then
+if not redis.call('lindex', KEYS[3], 0) then
   redis.call('del', KEYS[1])
   redis.call('publish', ARGV[2], '')
   return 1
@@ -346,20 +348,20 @@ LEAVE = Script(
     "leave",
     _HANDOFF
     + """
-if redis.call('zrem', KEYS[3], ARGV[4]) == 1 then redis.call('lrem', KEYS[2], 1, ARGV[4]) end
+if redis.call('zrem', KEYS[4], ARGV[4]) == 1 then redis.call('lrem', KEYS[3], 1, ARGV[4]) end
 if redis.call('get', KEYS[1]) == ARGV[1] then hand_off() end
 return 1
 """,
 )
 
-# KEYS[1] lock; KEYS[2] fencing counter; KEYS[3] alive-until
+# KEYS as FAIR_ACQUIRE (the queue unused)
 # -> {token or false, pttl, fence or false, live waiters}  (read-only)
 FAIR_HOLDER = Script(
     "fair_holder",
     _NOW
     + """
 return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]),
-        redis.call('zcount', KEYS[3], '(' .. now_ms(), '+inf')}
+        redis.call('zcount', KEYS[4], '(' .. now_ms(), '+inf')}
 """,
 )
 

@@ -24,7 +24,7 @@ from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..flow import Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
 from ..hub import Hub
-from ..keys import lock_keys
+from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ..quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
@@ -66,6 +66,9 @@ class AsyncRedlockDriver:
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> AsyncRedlockDriver:
         return cls(*redlock_nodes(url), ctx)
 
+    def _keys(self, name: str) -> LockKeys:
+        return lock_keys(self.options.prefix, name)
+
     async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         pending: list[Any] = []
         payload = pack_calls(calls)  # the same bytes go to every master
@@ -94,7 +97,7 @@ class AsyncRedlockDriver:
         return results
 
     def _flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[tuple[Grant, Epochs] | None]:
-        keys = lock_keys(self.options.prefix, name)
+        keys = self._keys(name)
         return redlock_acquire_flow(keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay)
 
     def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
@@ -113,7 +116,7 @@ class AsyncRedlockDriver:
         raced it on every master."""
         if cancel is not None and cancel.cancelled:
             return None
-        channel = lock_keys(self.options.prefix, name).channel
+        channel = self._keys(name).channel
         for hub in self._hubs:
             hub.own_process()
         # made before the first attempt: its snapshot of the hubs must predate it
@@ -144,7 +147,7 @@ class AsyncRedlockDriver:
 
     async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self.clock()
-        calls = [Call(RENEW, (lock_keys(self.options.prefix, r.name).lock,), (r.token, ms(r.ttl))) for r in requests]
+        calls = [Call(RENEW, self._keys(r.name).script_keys(1), (r.token, ms(r.ttl))) for r in requests]
         results = await self._fan_out(calls, True)
         elapsed = self.clock() - sent_at
         out: list[Grant | Exception | None] = []
@@ -160,10 +163,10 @@ class AsyncRedlockDriver:
         return out
 
     def _release_call(self, name: str, token: str | None) -> Call:
-        keys = lock_keys(self.options.prefix, name)
+        keys = self._keys(name)
         if token is None:
-            return Call(FORCE_RELEASE, (keys.lock,), (keys.channel,))
-        return Call(RELEASE, (keys.lock,), (token, keys.channel))
+            return Call(FORCE_RELEASE, keys.script_keys(1), (keys.channel,))
+        return Call(RELEASE, keys.script_keys(1), (token, keys.channel))
 
     def _unreachable(self, results: list[NodeResult], index: int, what: str) -> BackendUnavailable:
         _, reached = count_ok(results, index)
@@ -194,7 +197,7 @@ class AsyncRedlockDriver:
         return count_ok(results)[0] > 0
 
     async def holder(self, name: str) -> HolderInfo:
-        results = await self._fan_out([Call(HOLDER, (lock_keys(self.options.prefix, name).lock,))], True)
+        results = await self._fan_out([Call(HOLDER, self._keys(name).script_keys(1))], True)
         seen: dict[bytes, list[int]] = {}
         reached = 0
         for result in results:

@@ -150,7 +150,7 @@ class AsyncRedisDriver:
         return results
 
     def _renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
-        return [Call(RENEW, (k.lock, k.fence), (r.token, ms(r.ttl))) for r in requests for k in (self._keys(r.name),)]
+        return [Call(RENEW, self._keys(r.name).script_keys(2), (r.token, ms(r.ttl))) for r in requests]
 
     async def release(self, name: str, token: str) -> bool:
         try:
@@ -182,8 +182,7 @@ class AsyncRedisDriver:
         return bool(await self._one(release_call(self._keys(name), None), "force_release"))
 
     async def holder(self, name: str) -> HolderInfo:
-        keys = self._keys(name)
-        reply = await self._one(Call(FAIR_HOLDER, (keys.lock, keys.fence, keys.alive)), "holder")
+        reply = await self._one(Call(FAIR_HOLDER, self._keys(name).script_keys()), "holder")
         token, pttl, fence, waiters = reply
         if token is None:
             return HolderInfo(False, waiters=waiters)
