@@ -52,6 +52,9 @@ RULES: list[Rule] = [
     (r"AsyncRedisDriver", "RedisDriver"),
     (r"AsyncRedlockDriver", "RedlockDriver"),
     (r"AsyncNode", "SyncNode"),
+    (r"AsyncConnectionPool", "ConnectionPool"),
+    (r"AsyncConnection", "Connection"),
+    (r"AsyncStream", "Stream"),
     (r"AsyncWatcher", "SyncWatcher"),
     (r"AsyncBackground", "Background"),
     (r"adrive", "drive"),
@@ -76,6 +79,7 @@ FILES: list[Pair] = [
     Pair("lockkit/drivers/_async/epoch_driver.py"),
     # the flow runner: a blocking ``perform`` returns the result itself, not an awaitable
     Pair("lockkit/drivers/redis/_async/drive.py", extra=[(r"Awaitable\[Any\]", "Any"), (r"Awaitable, ", "")]),
+    Pair("lockkit/drivers/redis/_async/connection.py"),
     Pair("lockkit/drivers/redis/_async/node.py"),
     Pair("lockkit/drivers/redis/_async/single.py"),
     Pair("lockkit/drivers/redis/_async/redlock.py"),
@@ -87,6 +91,7 @@ HAND_WRITTEN: set[str] = {
     "lockkit/drivers/_sync/__init__.py",
     "lockkit/drivers/redis/_sync/__init__.py",
     "lockkit/drivers/redis/_sync/primitives.py",
+    "lockkit/drivers/redis/_sync/stream.py",
 }
 """Files in ``_sync`` folders written by hand: the per-face primitives and package markers."""
 

@@ -1,39 +1,53 @@
-"""The lean connection pool of the Redis drivers, against a real server."""
+"""The Redis drivers' own transport against a real server: the lean pools, the connections, the reply reader."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import AuthenticationError, NoPermissionError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+import lockkit
 from backends.pytest_fixtures import RedisFactory
 from backends.servers import RedisServer
+from lockkit.drivers.redis._async.connection import AsyncConnection
+from lockkit.drivers.redis._async.primitives import AsyncConnectionPool
+from lockkit.drivers.redis._sync.connection import Connection
+from lockkit.drivers.redis.calls import pack
+from lockkit.drivers.redis.config import NodeSpec, redis_nodes
 from lockkit.drivers.redis.pool import ConnectionPool
-from lockkit.drivers.redis.resp import read_replies
+from lockkit.drivers.redis.resp import NOT_YET, Replies, error_reply
+from lockkit.urls import parse_url
+
+
+def spec_for(url: str) -> NodeSpec:
+    spec, _ = redis_nodes(parse_url(url))
+    return spec
 
 
 @pytest.fixture
 def pool_for(redis_server: RedisServer) -> Iterator[tuple[ConnectionPool, redis.Redis]]:
-    def make() -> redis.Connection:
-        return redis.Connection(host=redis_server.host, port=redis_server.port, socket_timeout=2, protocol=2)
-
-    pool = ConnectionPool(make, size=1, wait=0.2)
+    spec = spec_for(redis_server.url + "?timeout=2")
+    pool = ConnectionPool(lambda: Connection(spec), size=1, wait=0.2)
     admin = redis.Redis(host=redis_server.host, port=redis_server.port)
     yield pool, admin
     pool.disconnect()
     admin.close()
 
 
-def ping(conn: redis.Connection) -> object:
-    conn.send_command("PING")
-    return conn.read_response()
+def call(conn: Connection, *command: Any) -> Any:
+    conn.send(pack([command]))
+    return conn.read(1, time.monotonic() + 2)[0]
 
 
 def test_exhausted_pool_waits_then_names_the_option(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
@@ -52,38 +66,55 @@ def test_exhausted_pool_waits_then_names_the_option(pool_for: tuple[ConnectionPo
 def test_connection_killed_while_idle_is_replaced_before_use(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
     pool, admin = pool_for
     conn = pool.get()
-    assert ping(conn) in (b"PONG", "PONG")
-    conn.send_command("CLIENT", "ID")
-    conn_id = conn.read_response()
+    assert call(conn, "PING") == b"PONG"
+    conn_id = call(conn, "CLIENT", "ID")
     pool.release(conn)
     assert admin.client_kill_filter(_id=conn_id) == 1
     again = pool.get()  # the select() probe sees EOF and reconnects before anything is sent
-    assert ping(again) in (b"PONG", "PONG")
+    assert again is conn and call(again, "PING") == b"PONG" and call(again, "CLIENT", "ID") != conn_id
     pool.release(again)
 
 
 def test_forked_child_never_uses_the_parents_socket(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
     pool, _ = pool_for
     conn = pool.get()
-    parent_sock = conn._sock
+    parent_id = call(conn, "CLIENT", "ID")
     pool.release(conn)
     pid = os.fork()
     if pid == 0:  # the child: a fresh connection of its own, and the parent's is not shut down
         try:
             mine = pool.get()
-            code = 0 if mine is not conn and ping(mine) in (b"PONG", "PONG") else 1
+            code = 0 if mine is not conn and call(mine, "CLIENT", "ID") != parent_id else 1
         except BaseException:
             code = 2
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     again = pool.get()
-    assert again is conn and again._sock is parent_sock  # still connected in the parent
-    assert ping(again) in (b"PONG", "PONG")
+    assert again is conn and call(again, "CLIENT", "ID") == parent_id  # still the same connection in the parent
     pool.release(again)
 
 
-# -- lockkit's own reply reader (lockkit/drivers/redis/resp.py) ----------------------------------------------------
+def test_an_idle_connection_is_pinged_before_use(redis_server: RedisServer) -> None:
+    conn = Connection(spec_for(redis_server.url + "?health_check_interval=0.1"))
+    try:
+        conn.ready()  # connects
+        before = call(conn, "INFO", "commandstats")
+        time.sleep(0.15)
+        conn.ready()  # idle for longer than health_check_interval: one PING
+        conn.ready()  # just used: none
+        after = call(conn, "INFO", "commandstats")
+    finally:
+        conn.close()
+
+    def pings(info: bytes) -> int:
+        line = next((x for x in info.split(b"\r\n") if x.startswith(b"cmdstat_ping:")), b"calls=0,")
+        return int(line.split(b"calls=")[1].split(b",")[0])
+
+    assert pings(after) - pings(before) == 1
+
+
+# -- the reply reader (lockkit/drivers/redis/resp.py) through a connection -----------------------------------------
 
 
 def test_reader_reads_every_reply_type_in_step(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
@@ -94,8 +125,8 @@ def test_reader_reads_every_reply_type_in_step(pool_for: tuple[ConnectionPool, r
     script = "return {1, {2, false, 'x'}, 'y', redis.status_reply('OK')}"
     conn = pool.get()
     try:
-        conn.send_packed_command(
-            conn.pack_commands(
+        conn.send(
+            pack(
                 [
                     ("GET", "resp:big"),
                     ("INCR", "resp:text"),  # an error reply between others: the stream stays in step
@@ -106,7 +137,7 @@ def test_reader_reads_every_reply_type_in_step(pool_for: tuple[ConnectionPool, r
                 ]
             )
         )
-        big_reply, error, nested, missing, noscript, pong = read_replies(conn, 6, time.monotonic() + 2)
+        big_reply, error, nested, missing, noscript, pong = conn.read(6, time.monotonic() + 2)
     finally:
         pool.release(conn)
     assert big_reply == big
@@ -117,41 +148,66 @@ def test_reader_reads_every_reply_type_in_step(pool_for: tuple[ConnectionPool, r
     assert pong == b"PONG"
 
 
-def test_reader_times_out_at_the_callers_deadline(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
-    pool, _ = pool_for
-    conn = pool.get()
+def test_reader_parses_replies_cut_anywhere() -> None:
+    wire = b":-12\r\n$5\r\nab\r\nc\r\n*3\r\n+OK\r\n$-1\r\n*1\r\n:7\r\n-NOSCRIPT No matching script\r\n*-1\r\n"
+    for cut in range(1, len(wire)):
+        replies = Replies()
+        replies.feed(wire[:cut])
+        got: list[Any] = []
+        while (reply := replies.next()) is not NOT_YET:
+            got.append(reply)
+        replies.feed(wire[cut:])
+        while (reply := replies.next()) is not NOT_YET:
+            got.append(reply)
+        assert got[:3] == [-12, b"ab\r\nc", [b"OK", None, [7]]] and got[4] is None, cut
+        assert isinstance(got[3], NoScriptError) and str(got[3]) == "No matching script"
+        assert not replies.pending()
+
+
+def test_error_replies_map_to_redis_py_exception_classes() -> None:
+    assert isinstance(error_reply("NOPERM User x has no permissions"), NoPermissionError)
+    assert isinstance(error_reply("WRONGPASS invalid username-password pair"), AuthenticationError)
+    assert isinstance(error_reply("NOAUTH Authentication required."), AuthenticationError)
+    assert isinstance(error_reply("ERR max number of clients reached"), RedisConnectionError)
+    plain = error_reply("ERR value is not an integer or out of range")
+    assert type(plain) is ResponseError and str(plain) == "value is not an integer or out of range"
+    assert type(error_reply("WRONGTYPE Operation against a key")) is ResponseError
+
+
+def test_reader_times_out_at_the_callers_deadline(redis_server: RedisServer) -> None:
+    conn = Connection(spec_for(redis_server.url + "?timeout=0.6"))
     try:
-        conn.send_packed_command(conn.pack_command("BLPOP", "resp:never", 5))
+        conn.ready()
+        conn.send(pack([("BLPOP", "resp:never", 5)]))
         started = time.monotonic()
         with pytest.raises(RedisTimeoutError):
-            read_replies(conn, 1, started + 0.2)
-        waited = time.monotonic() - started
-        assert conn._sock.gettimeout() == 2  # the connection's own timeout is back
+            conn.read(1, started + 0.2)
+        early = time.monotonic() - started
+        started = time.monotonic()
+        with pytest.raises(RedisTimeoutError):
+            conn.next_reply(None)  # the connection's own timeout is back
+        own = time.monotonic() - started
     finally:
-        conn.disconnect()
-        pool.release(conn)
-    assert 0.15 <= waited < 1.0
+        conn.close()
+    assert 0.15 <= early < 0.5 and 0.5 <= own < 1.2, (early, own)
 
 
 def test_reader_reports_a_connection_closed_by_the_server(pool_for: tuple[ConnectionPool, redis.Redis]) -> None:
     pool, admin = pool_for
     conn = pool.get()
     try:
-        conn.send_packed_command(conn.pack_command("CLIENT", "ID"))
-        (client_id,) = read_replies(conn, 1, time.monotonic() + 2)
+        client_id = call(conn, "CLIENT", "ID")
         admin.client_kill_filter(_id=client_id)
-        conn.send_packed_command(conn.pack_command("PING"))
+        conn.send(pack([("PING",)]))
         with pytest.raises(RedisConnectionError):
-            read_replies(conn, 1, time.monotonic() + 2)
+            conn.read(1, time.monotonic() + 2)
     finally:
-        conn.disconnect()
+        conn.drop()
         pool.release(conn)
 
 
-@pytest.mark.parametrize("health_check_interval", [0, 30])  # 0: no redis-py PING reads the refusal first
+@pytest.mark.parametrize("health_check_interval", [0, 30])
 def test_a_refused_login_is_a_clear_backend_error(fresh_redis: RedisFactory, health_check_interval: int) -> None:
-    import lockkit
-
     server = fresh_redis(password="pw-XYZ-right")
     wrong = f"redis://:pw-XYZ-wrong@{server.host}:{server.port}/0?health_check_interval={health_check_interval}"
     without = f"redis://{server.host}:{server.port}/0?health_check_interval={health_check_interval}"
@@ -161,3 +217,96 @@ def test_a_refused_login_is_a_clear_backend_error(fresh_redis: RedisFactory, hea
         message = str(info.value)
         assert "unreachable" in message and ("auth" in message.lower() or "pass" in message.lower()), message
         assert "pw-XYZ" not in message
+
+
+async def test_a_refused_login_is_a_clear_backend_error_async(fresh_redis: RedisFactory) -> None:
+    server = fresh_redis(password="pw-XYZ-right")
+    async with lockkit.connect_async(f"redis://:pw-XYZ-wrong@{server.host}:{server.port}/0") as locks:
+        with pytest.raises(lockkit.BackendUnavailable) as info:
+            await locks.lock("refused", ttl=2).acquire(timeout=1)
+    message = str(info.value)
+    assert "unreachable" in message and "pass" in message.lower() and "pw-XYZ" not in message, message
+
+
+def test_an_unknown_database_is_a_clear_backend_error(redis_server: RedisServer) -> None:
+    url = f"redis://{redis_server.host}:{redis_server.port}/999"
+    with lockkit.connect(url) as locks, pytest.raises(lockkit.BackendUnavailable, match="SELECT 999"):
+        locks.lock("nodb", ttl=2).acquire(timeout=1)
+
+
+# -- the asyncio twins ---------------------------------------------------------------------------------------------
+
+
+async def test_async_pool_waits_hands_over_and_survives_a_cancelled_waiter(redis_server: RedisServer) -> None:
+    spec = spec_for(redis_server.url)
+    pool = AsyncConnectionPool(lambda: AsyncConnection(spec), size=1, wait=0.2)
+    try:
+        first = await pool.get()
+        with pytest.raises(RedisConnectionError, match="pool_size"):
+            await pool.get()
+        gave_up = asyncio.ensure_future(pool.get())
+        await asyncio.sleep(0.01)
+        gave_up.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gave_up
+        waiting = asyncio.ensure_future(pool.get())
+        await asyncio.sleep(0.01)
+        pool.release(first)  # to the live waiter, not the cancelled one
+        assert await asyncio.wait_for(waiting, 2) is first
+        await first.send(pack([("PING",)]))
+        assert await first.read(1, time.monotonic() + 2) == [b"PONG"]
+    finally:
+        await pool.disconnect()
+
+
+async def test_async_connection_killed_while_idle_is_replaced_before_use(redis_server: RedisServer) -> None:
+    admin = redis.Redis(host=redis_server.host, port=redis_server.port)
+    conn = AsyncConnection(spec_for(redis_server.url))
+    try:
+        await conn.ready()
+        await conn.send(pack([("CLIENT", "ID")]))
+        (conn_id,) = await conn.read(1, time.monotonic() + 2)
+        assert admin.client_kill_filter(_id=conn_id) == 1
+        for _ in range(100):  # the loop hears of the close while the connection sits idle
+            await asyncio.sleep(0.01)
+        await conn.ready()
+        await conn.send(pack([("CLIENT", "ID")]))
+        assert (await conn.read(1, time.monotonic() + 2))[0] != conn_id
+    finally:
+        await conn.close()
+        admin.close()
+
+
+# -- unix:// --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unix_redis(fresh_redis: RedisFactory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = Path(tmp_path_factory.mktemp("sock")) / "redis.sock"
+    fresh_redis(extra_args=["--unixsocket", str(path), "--unixsocketperm", "700"])
+    yield path
+
+
+def test_unix_socket_locks_wakes_waiters_and_selects_its_database(unix_redis: Path) -> None:
+    name = f"unix-{uuid.uuid4().hex[:8]}"
+    url = f"unix://{unix_redis}?db=3"
+    with lockkit.connect(url) as a, lockkit.connect(url) as b:
+        lock = a.lock(name, ttl=2)
+        lease = lock.acquire(timeout=2)
+        assert lease.fencing_token >= 1 and b.holder(name).held
+        threading.Timer(0.2, lock.release).start()
+        b.lock(name, ttl=2).acquire(timeout=3)  # woken through a pub/sub connection on the socket
+        admin = redis.Redis(unix_socket_path=str(unix_redis), db=3)
+        assert admin.exists(f"lockkit:{{{name}}}") == 1
+        admin.close()
+
+
+async def test_unix_socket_async(unix_redis: Path) -> None:
+    name = f"unix-{uuid.uuid4().hex[:8]}"
+    async with lockkit.connect_async(f"unix://{unix_redis}") as locks:
+        lock = locks.lock(name, ttl=2)
+        await lock.acquire(timeout=2)
+        waiter = asyncio.ensure_future(locks.lock(name, ttl=2).acquire(timeout=3))
+        await asyncio.sleep(0.2)
+        await lock.release()
+        assert (await waiter).fencing_token >= 2

@@ -1,22 +1,22 @@
-"""Redis and Redlock URLs, options, connection pools, and the first-connect checks.
+"""Redis and Redlock URLs, options, TLS settings, and the first-connect checks.
 
 Everything here is shared by the blocking and the asyncio faces: the options
 dataclasses (parsed strictly from the URL query), the :class:`NodeSpec` of each
-server, the pool builders for redis-py's two clients, and the "hello" a fresh
-connection sends before its first command (``INFO server`` for the server's
-``run_id``, ``CONFIG GET maxmemory-policy``, and ``SCRIPT LOAD`` the first time).
+server, its TLS context, and the "hello" a fresh connection sends before its first command
+(``INFO server`` for the server's ``run_id``, ``CONFIG GET maxmemory-policy``, and ``SCRIPT LOAD``
+the first time).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Sequence
+import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, ResponseError
-from redis.retry import Retry
 
 from ...errors import ConfigError
 from ...urls import BackendURL, parse_options
@@ -27,14 +27,6 @@ __all__ = ["NodeSpec", "NodeState", "RedisOptions", "RedlockOptions", "apply_hel
 
 log = logging.getLogger("lockkit")
 DEFAULT_PORT = 6379
-
-try:  # redis-py ≥ 7: lib_name/lib_version are deprecated in favour of driver_info
-    from redis.driver_info import DriverInfo
-
-    # no CLIENT SETINFO on connect: one round trip less per connection, and fewer ACL rules
-    _NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
-except ImportError:  # pragma: no cover - older redis-py
-    _NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
 
 
 @dataclass(frozen=True)
@@ -102,26 +94,24 @@ class NodeSpec:
     tls: bool
     options: _Common
 
-    def pool_kwargs(self, connect_func: Callable[..., Any] | None) -> dict[str, Any]:
-        o = self.options
-        kwargs: dict[str, Any] = {
-            "db": self.db, "username": self.username, "password": self.password,
-            "socket_timeout": o.timeout, "socket_connect_timeout": o.connect_timeout,
-            "health_check_interval": o.health_check_interval, "retry": Retry(NoBackoff(), 0),
-            "protocol": 2, "redis_connect_func": connect_func, **_NO_CLIENT_SETINFO,
-            "max_connections": o.pool_size, "timeout": o.connect_timeout + o.timeout,
-        }  # fmt: skip
-        if self.path is not None:
-            kwargs["path"] = self.path
-        else:
-            kwargs.update(host=self.host, port=self.port, socket_keepalive=True)
-        if self.tls:
-            kwargs.update(
-                ssl_ca_certs=o.tls_ca, ssl_certfile=o.tls_cert, ssl_keyfile=o.tls_key,
-                ssl_cert_reqs="none" if o.tls_insecure else "required",
-                ssl_check_hostname=o.tls_check_hostname and not o.tls_insecure,
-            )  # fmt: skip
-        return kwargs
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS settings of this server's connections, or None without TLS."""
+        return tls_context(self.options) if self.tls else None
+
+
+@functools.lru_cache(maxsize=64)  # one per set of options: loading the CA file costs milliseconds
+def tls_context(options: _Common) -> ssl.SSLContext:
+    """A client context: the system's CAs or ``tls_ca``, the host name checked unless ``tls_check_hostname``
+    is false, no verification at all with ``tls_insecure``, and ``tls_cert``/``tls_key`` if given."""
+    context = ssl.create_default_context(cafile=options.tls_ca)
+    if options.tls_insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context.check_hostname = options.tls_check_hostname
+    if options.tls_cert:
+        context.load_cert_chain(options.tls_cert, options.tls_key)
+    return context
 
 
 def _db_from_path(url: BackendURL) -> int | None:

@@ -31,9 +31,10 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-import redis.asyncio
 from redis.exceptions import RedisError
 
+from ._async.connection import AsyncConnection
+from .calls import pack
 from .config import NodeSpec
 from .keys import client_channel
 
@@ -42,6 +43,7 @@ __all__ = ["Hub", "LoopThread", "Snapshot", "Wake"]
 log = logging.getLogger("lockkit")
 T = TypeVar("T")
 LINGER = 2.0
+_PING = pack([("PING",)])
 Wake = Callable[[bytes], None]
 Snapshot = tuple[int, int] | None
 
@@ -62,7 +64,7 @@ class Hub:
         self._active: set[bytes] = set()
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
         self._linger: dict[bytes, asyncio.TimerHandle] = {}
-        self._conn: Any = None
+        self._conn: AsyncConnection | None = None
         self._generation = getattr(self, "_generation", 0) + 1
         """Bumped whenever the connection comes or goes: a snapshot across it is void."""
         self._heard: dict[bytes, int] = {}
@@ -79,18 +81,6 @@ class Hub:
         subscription would look like the child listening) nor touch the parent's connection; it starts afresh."""
         if self._pid != os.getpid():
             self._fresh()  # the parent's objects are dropped, never closed: they are the parent's
-
-    def _connection(self) -> Any:
-        kwargs = self._spec.pool_kwargs(None)
-        # redis-py's own health check would PING and read a reply inside send_command, racing the reader task
-        # for the next message; the hub checks the connection its own way (_health_check).
-        for pool_only in ("max_connections", "timeout", "health_check_interval"):
-            kwargs.pop(pool_only)
-        if self._spec.path is not None:
-            return redis.asyncio.UnixDomainSocketConnection(**kwargs)
-        if self._spec.tls:
-            return redis.asyncio.SSLConnection(**kwargs)
-        return redis.asyncio.Connection(**kwargs)
 
     def snapshot(self, channel: bytes) -> Snapshot:
         """Taken before an attempt (from any thread): ``None`` unless ``channel`` is subscribed right now."""
@@ -142,7 +132,7 @@ class Hub:
         elif self._conn is not None and channel not in self._sent:
             self._sent.add(channel)
             with contextlib.suppress(RedisError, OSError):  # the reader sees the failure and resubscribes
-                await self._conn.send_command("SUBSCRIBE", channel)
+                await self._conn.send(pack([("SUBSCRIBE", channel)]))
         options = self._spec.options
         with contextlib.suppress(asyncio.TimeoutError):  # unconfirmed: the expiry re-check still comes
             await asyncio.wait_for(asyncio.shield(future), options.timeout + options.connect_timeout)
@@ -170,7 +160,7 @@ class Hub:
         if channel in self._sent:
             self._sent.discard(channel)
             if self._conn is not None:
-                self._chore(self._conn.send_command("UNSUBSCRIBE", channel))
+                self._chore(self._conn.send(pack([("UNSUBSCRIBE", channel)])))
 
     def _chore(self, coro: Coroutine[Any, Any, Any]) -> None:
         async def quietly() -> None:
@@ -200,7 +190,7 @@ class Hub:
                 for wake in list(self._waiters.get(channel, ())):
                     wake(b"")
 
-    async def _health_check(self, conn: Any) -> None:
+    async def _health_check(self, conn: AsyncConnection) -> None:
         """PING a connection that has been silent for ``health_check_interval``; drop it if no reply comes."""
         options = self._spec.options
         loop = asyncio.get_running_loop()
@@ -211,7 +201,7 @@ class Hub:
                 continue
             pinged = loop.time()
             with contextlib.suppress(RedisError, OSError):
-                await conn.send_command("PING")
+                await conn.send(_PING)
             await asyncio.sleep(options.timeout)
             if self._last_traffic < pinged:
                 log.warning(
@@ -219,7 +209,7 @@ class Hub:
                     self._spec.label,
                     options.timeout,
                 )
-                await conn.disconnect(nowait=True)  # the reader fails and the hub reconnects, waking everyone
+                conn.drop()  # the reader fails and the hub reconnects, waking everyone
                 return
 
     async def _run(self) -> None:
@@ -227,7 +217,7 @@ class Hub:
         woken = False  # everyone was woken because a connection failed or dropped
         loop = asyncio.get_running_loop()
         while not self._closed and self._waiters:
-            conn = self._connection()
+            conn = AsyncConnection(self._spec)
             checker: asyncio.Task[None] | None = None
             try:
                 await conn.connect()
@@ -240,13 +230,15 @@ class Hub:
                 self._rewake = set(self._sent) if woken else set()
                 woken = False
                 if self._sent:
-                    await conn.send_command("SUBSCRIBE", *self._sent)
+                    await conn.send(pack([("SUBSCRIBE", *self._sent)]))
                 backoff = 0.05
                 self._last_traffic = loop.time()
                 if self._spec.options.health_check_interval > 0:
                     checker = loop.create_task(self._health_check(conn))
                 while True:
-                    reply = await conn.read_response(timeout=math.inf)
+                    reply = await conn.next_reply(math.inf)
+                    if isinstance(reply, RedisError):  # a refused SUBSCRIBE (an ACL): drop it, and so try again later
+                        raise reply
                     self._last_traffic = loop.time()
                     self._dispatch(reply)
             except (RedisError, OSError) as exc:
@@ -260,7 +252,7 @@ class Hub:
                 self._sent.clear()
                 self._active.clear()
                 with contextlib.suppress(Exception):
-                    await conn.disconnect()
+                    await conn.close()
             for future in self._confirm.values():
                 if not future.done():
                     future.set_result(None)
@@ -279,10 +271,10 @@ class Hub:
         self._linger.clear()
         conn = self._conn
         if conn is not None:
-            # Close it ourselves and wait: a TLS connection's shutdown needs the loop for a round trip, which a
-            # cancelled reader (redis-py then closes without waiting) would not give it before the loop stops.
+            # Close it ourselves and wait until the loop let go of the socket: the blocking face stops the loop
+            # right after this, and a socket it still held would be left open.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.disconnect(), self._spec.options.timeout)
+                await conn.close()
         tasks = [t for t in (self._task, *self._chores) if t is not None]
         for task in tasks:
             task.cancel()

@@ -1,59 +1,61 @@
-"""A lean blocking pool of redis-py connections for the lock hot path.
+"""A lean blocking pool of lockkit's own connections (:mod:`._sync.connection`) for the lock hot path.
 
-redis-py's own pools cost ~40 µs per checkout and ~20 µs per return on this
-project's machines (metrics bookkeeping on every call, a ``queue.Queue`` with its
-condition variable, and a ``can_read()`` probe that raises and catches a timeout
-exception), which is as much as a whole loopback round trip: a lock's acquire
-plus release paid it twice. This pool keeps what matters from them and nothing
-else:
+redis-py's pools cost ~40 µs per checkout and ~20 µs per return on this project's machines (metrics
+bookkeeping on every call, a ``queue.Queue`` with its condition variable, and a ``can_read()`` probe that
+raises and catches a timeout exception), which is as much as a whole loopback round trip: a lock's acquire
+plus release paid it twice. This pool keeps what matters from them and nothing else:
 
 * last-in first-out reuse (the warmest connection, and idle ones age out on
   the server side rather than all of them staying half-used);
 * at most ``size`` connections; a caller waits up to ``wait`` seconds for one;
-* before reuse, a zero-timeout ``select`` on the socket: a connection that the
-  server or a middlebox closed while it sat idle (C-12) is readable (EOF), and
-  is reconnected *before* a command is sent on it, so even a non-idempotent
-  acquire never goes out on a dead connection;
-* fork safety: a child never touches its parent's sockets (they are dropped,
-  not shut down), and starts with an empty pool.
+* before reuse, the connection's :meth:`~._sync.connection.Connection.ready`: a zero-timeout ``select`` on
+  the socket finds a connection that the server or a middlebox closed while it sat idle (C-12, it is
+  readable: EOF), which is reconnected *before* a command is sent on it, so even a non-idempotent acquire
+  never goes out on a dead connection; one idle for longer than ``health_check_interval`` is PINGed;
+* fork safety: a child never uses its parent's connections (it closes its copies of their sockets, never
+  shutting them down), and starts with an empty pool.
 
-Connecting, TLS, AUTH and the periodic health check (``health_check_interval``)
-stay redis-py's: the pool only hands out its ``Connection`` objects.
+``lockkit/drivers/redis/_async/primitives.py`` holds the asyncio twin (one event loop: no lock, no fork).
 """
 
 from __future__ import annotations
 
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+if TYPE_CHECKING:
+    from ._sync.connection import Connection
 
 __all__ = ["ConnectionPool"]
 
 
 class ConnectionPool:
-    def __init__(self, make: Callable[[], Any], size: int, wait: float) -> None:
+    def __init__(self, make: Callable[[], Connection], size: int, wait: float) -> None:
         self._make = make
         self._size = size
         self._wait = wait
         self._mutex = threading.Lock()
         self._freed = threading.Condition(self._mutex)
-        self._idle: list[Any] = []
-        self._all: set[Any] = set()  # redis-py connections hash by identity
+        self._idle: list[Connection] = []
+        self._all: set[Connection] = set()
         self._waiting = 0  # callers blocked for a connection: a return notifies only if there are any
         self._pid = os.getpid()
 
     def _after_fork(self) -> None:
         with self._mutex:
             if self._pid != os.getpid():
-                # the parent's sockets stay the parent's: forget them without a shutdown
+                # The parent's connections stay the parent's: the child closes its copies of their sockets
+                # without a shutdown (which would cut the parent's too) and starts afresh.
+                for conn in self._all:
+                    conn.drop()
                 self._idle, self._all, self._pid = [], set(), os.getpid()
 
-    def get(self) -> Any:
+    def get(self) -> Connection:
         if self._pid != os.getpid():
             self._after_fork()
         with self._mutex:
@@ -77,17 +79,13 @@ class ConnectionPool:
                 conn = self._make()
                 self._all.add(conn)
         try:
-            sock = conn._sock
-            if sock is not None and select.select([sock], [], [], 0)[0]:
-                # readable while idle: EOF (closed by the server) or stray bytes; either way unusable
-                conn.disconnect()
-            conn.connect()  # no-op when connected; otherwise connect + handshake (+ our hello marker)
+            conn.ready()  # reconnected if it died while idle, PINGed if it sat idle for long
         except BaseException:
             self.release(conn)
             raise
         return conn
 
-    def release(self, conn: Any) -> None:
+    def release(self, conn: Connection) -> None:
         if self._pid != os.getpid():
             return
         with self._mutex:
@@ -97,7 +95,8 @@ class ConnectionPool:
                     self._freed.notify()
 
     def disconnect(self) -> None:
+        """Close every connection (the pool stays usable: later gets connect afresh)."""
         with self._mutex:
             conns = list(self._all)
         for conn in conns:
-            conn.disconnect()
+            conn.close()

@@ -1,7 +1,7 @@
 """What the asyncio face of the Redis drivers does its own way, written by hand (``../_sync/primitives.py`` is
 its blocking twin, with the same names).
 
-* the connections: :func:`open_pool` and :func:`read_replies`;
+* the connection pool, :class:`AsyncConnectionPool` (the bytes themselves move through :mod:`.stream`);
 * :class:`AsyncBackground`: what runs beside the callers of a driver — the watchers of its waiters, and the
   clean-up of an acquire that ended early, which runs in a task of its own here (a cancelled caller is not
   held up by a round trip) and inline on the blocking face.
@@ -10,68 +10,88 @@ its blocking twin, with the same names).
 from __future__ import annotations
 
 import asyncio
-import time
+import collections
+import contextlib
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-import redis.asyncio
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ....driver import Cancel
-from ..config import NodeSpec
 from ..hub import Hub, Snapshot
 from ..watch import AsyncWatcher
+from .connection import AsyncConnection
 
-__all__ = ["AsyncBackground", "AsyncConnectionPool", "open_pool", "read_replies"]
+__all__ = ["AsyncBackground", "AsyncConnectionPool"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
 
-async def _mark_fresh(conn: Any) -> None:
-    await conn.on_connect()
-    conn.lockkit_fresh = True
+def _fail(waiter: asyncio.Future[Any], error: Exception) -> None:
+    if not waiter.done():
+        waiter.set_exception(error)
 
 
 class AsyncConnectionPool:
-    """redis.asyncio's blocking pool, with the three calls a node makes."""
+    """The asyncio twin of :class:`..pool.ConnectionPool`: at most ``size`` connections, reused last in first
+    out, each made fit by :meth:`~.connection.AsyncConnection.ready` before it is handed out; a caller waits up
+    to ``wait`` seconds for one. One event loop uses it, so it needs no lock."""
 
-    def __init__(self, spec: NodeSpec) -> None:
-        kwargs = spec.pool_kwargs(_mark_fresh)
-        if spec.path is not None:
-            kwargs["connection_class"] = redis.asyncio.UnixDomainSocketConnection
-        elif spec.tls:
-            kwargs["connection_class"] = redis.asyncio.SSLConnection
-        self._pool: Any = redis.asyncio.BlockingConnectionPool(**kwargs)
+    def __init__(self, make: Callable[[], AsyncConnection], size: int, wait: float) -> None:
+        self._make, self._size, self._wait = make, size, wait
+        self._idle: list[AsyncConnection] = []
+        self._all: set[AsyncConnection] = set()
+        self._waiters: collections.deque[asyncio.Future[AsyncConnection]] = collections.deque()
 
-    async def get(self) -> Any:
-        return await self._pool.get_connection()
+    async def get(self) -> AsyncConnection:
+        if self._idle:
+            conn = self._idle.pop()
+        elif len(self._all) < self._size:
+            conn = self._make()
+            self._all.add(conn)
+        else:
+            conn = await self._wait_for_one()
+        try:
+            await conn.ready()
+        except BaseException:
+            self.release(conn)
+            raise
+        return conn
 
-    async def release(self, conn: Any) -> None:
-        await self._pool.release(conn)
+    async def _wait_for_one(self) -> AsyncConnection:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[AsyncConnection] = loop.create_future()
+        self._waiters.append(waiter)
+        error = RedisConnectionError(
+            f"no connection free within {self._wait:g} s (all {self._size} in use; raise the pool_size option)"
+        )
+        handle = loop.call_later(self._wait, _fail, waiter, error)
+        try:
+            return await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.release(waiter.result())  # handed over just as this caller gave up: pass it on
+            raise
+        finally:
+            handle.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def release(self, conn: AsyncConnection) -> None:
+        if conn not in self._all:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self._idle.append(conn)
 
     async def disconnect(self) -> None:
-        await self._pool.disconnect()
-
-
-def open_pool(spec: NodeSpec) -> AsyncConnectionPool:
-    return AsyncConnectionPool(spec)
-
-
-def _remaining(deadline: float) -> float:
-    return max(0.001, deadline - time.monotonic())
-
-
-async def read_replies(conn: Any, count: int, deadline: float) -> list[Any]:
-    """Read ``count`` replies; the first may wait until ``deadline`` (monotonic). Error replies are returned
-    as redis-py's exception objects."""
-    replies: list[Any] = []
-    for i in range(count):
-        try:
-            replies.append(await (conn.read_response(timeout=_remaining(deadline)) if i == 0 else conn.read_response()))
-        except ResponseError as exc:
-            replies.append(exc)
-    return replies
+        """Close every connection (the pool stays usable: later gets connect afresh)."""
+        for conn in list(self._all):
+            await conn.close()
 
 
 class AsyncBackground:

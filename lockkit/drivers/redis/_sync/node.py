@@ -3,12 +3,12 @@
 """One Redis server as the drivers use it: pipelined script calls on a pooled connection.
 
 :class:`SyncNode` does a few things and nothing else; what to send lives in :mod:`..calls` and
-:mod:`..flow`, how to read the hello's replies in :mod:`..config`, and the connections themselves come
-from this face's ``primitives``:
+:mod:`..flow`, how to read the hello's replies in :mod:`..config`:
 
 * a call is split into :meth:`SyncNode.send` and :meth:`SyncNode.receive`, so that a Redlock
   fan-out sends to every master first and then reads the replies against one
   shared deadline (all masters in parallel, no thread per master);
+* connections come from this face's pool (``primitives``) and are lockkit's own (:mod:`.connection`);
 * a fresh connection prepends its hello (``INFO server``, ``CONFIG GET``, and
   ``SCRIPT LOAD`` the first time) to the first commands it carries; with
   ``strict=true`` the hello goes alone first, so a refused server runs nothing;
@@ -31,7 +31,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..calls import Call, pack, pack_calls, reload_plan
 from ..config import NodeSpec, NodeState, apply_hello, hello_commands
-from .primitives import open_pool, read_replies
+from .connection import Connection
+from .primitives import ConnectionPool
 
 __all__ = ["SyncNode"]
 
@@ -40,7 +41,7 @@ __all__ = ["SyncNode"]
 class Pending:
     """Calls sent on ``conn`` whose replies (after ``hello`` replies of the connection's hello) are unread."""
 
-    conn: Any
+    conn: Connection
     calls: Sequence[Call]
     hello: int
 
@@ -49,7 +50,8 @@ class SyncNode:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
         self.state = NodeState(spec.label, spec.options.strict)
-        self.pool = open_pool(spec)
+        o = spec.options
+        self.pool = ConnectionPool(lambda: Connection(spec), o.pool_size, o.connect_timeout + o.timeout)
 
     def send(self, calls: Sequence[Call], payload: bytes | None = None) -> Pending:
         """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master)."""
@@ -58,16 +60,16 @@ class SyncNode:
         conn = self.pool.get()
         try:
             hello: list[tuple[Any, ...]] = []
-            if conn.__dict__.pop("lockkit_fresh", False):
+            if conn.fresh:
+                conn.fresh = False
                 hello = hello_commands(self.state)
                 if self.state.strict:  # check before anything runs: a refused server must not take locks
-                    conn.send_packed_command([pack(hello)])
-                    deadline = time.monotonic() + self.spec.options.timeout
-                    apply_hello(self.state, read_replies(conn, len(hello), deadline))
+                    conn.send(pack(hello))
+                    apply_hello(self.state, conn.read(len(hello), time.monotonic() + self.spec.options.timeout))
                     hello = []
-            conn.send_packed_command([pack(hello) + (payload or pack_calls(calls))])
+            conn.send(pack(hello) + (payload or pack_calls(calls)))
         except BaseException:
-            conn.disconnect()
+            conn.drop()
             self.pool.release(conn)
             raise
         return Pending(conn, calls, len(hello))
@@ -78,21 +80,21 @@ class SyncNode:
         conn = pending.conn
         ok = False
         try:
-            replies = read_replies(conn, pending.hello + len(pending.calls), deadline)
+            replies = conn.read(pending.hello + len(pending.calls), deadline)
             if pending.hello:
                 apply_hello(self.state, replies[: pending.hello])
             replies = replies[pending.hello :]
             redo, commands = reload_plan(pending.calls, replies)
             if redo:
-                conn.send_packed_command([pack(commands)])
-                again = read_replies(conn, len(commands), time.monotonic() + self.spec.options.timeout)
+                conn.send(pack(commands))
+                again = conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
                 for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
                     replies[index] = reply
             ok = True
             return replies
         finally:
             if not ok:
-                conn.disconnect()
+                conn.drop()
             self.pool.release(conn)
 
     def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:

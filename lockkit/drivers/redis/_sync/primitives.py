@@ -1,7 +1,7 @@
 """What the blocking face of the Redis drivers does its own way, written by hand (``../_async/primitives.py``
 is its asyncio twin, with the same names).
 
-* the connections: :func:`open_pool` (lockkit's lean pool, :mod:`..pool`) and :func:`read_replies`;
+* the connection pool, :class:`..pool.ConnectionPool` (the bytes themselves move through :mod:`.stream`);
 * :class:`Background`: what runs beside the callers of a driver — the thread whose event loop runs the
   pub/sub hubs (only this face needs one), the watchers of its waiters, and the clean-up of an acquire that
   ended early, which runs inline here.
@@ -10,37 +10,17 @@ is its asyncio twin, with the same names).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
-
-import redis
+from typing import ParamSpec, TypeVar
 
 from ....driver import Cancel
-from ..config import NodeSpec
 from ..hub import Hub, LoopThread, Snapshot
 from ..pool import ConnectionPool
-from ..resp import read_replies
 from ..watch import SyncWatcher
 
-__all__ = ["Background", "ConnectionPool", "open_pool", "read_replies"]
+__all__ = ["Background", "ConnectionPool"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-def _mark_fresh(conn: Any) -> None:
-    conn.on_connect()
-    conn.lockkit_fresh = True
-
-
-def open_pool(spec: NodeSpec) -> ConnectionPool:
-    kwargs = spec.pool_kwargs(_mark_fresh)
-    size, wait = kwargs.pop("max_connections"), kwargs.pop("timeout")
-    cls: Any = redis.Connection
-    if spec.path is not None:
-        cls = redis.UnixDomainSocketConnection
-    elif spec.tls:
-        cls = redis.SSLConnection
-    return ConnectionPool(lambda: cls(**kwargs), size, wait)
 
 
 class Background:

@@ -1,0 +1,192 @@
+"""The bytes of one asyncio connection: a transport (TCP, TLS or unix), written by hand (``../_sync/stream.py``
+is its blocking twin, with the same names).
+
+A small :class:`asyncio.Protocol` of our own keeps what arrives until it is read, and knows when the
+connection was closed; that is all a connection needs, without a ``StreamReader``'s buffering and locks.
+Waits are bounded with ``call_later`` on a future rather than ``asyncio.wait_for``, which before Python 3.12
+can swallow a cancellation of the caller (bpo-37658). Failures are redis-py's public exception classes
+(``TimeoutError``, ``ConnectionError``), which the drivers catch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+import time
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..config import NodeSpec
+
+__all__ = ["AsyncStream", "open_stream"]
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.data: list[bytes] = []
+        self.closed: str | None = None
+        """Why the connection is unusable, once it is."""
+        self.waiter: asyncio.Future[None] | None = None
+        self.writable: asyncio.Future[None] | None = None
+        """Set while the transport's write buffer is full (``pause_writing``)."""
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.data.append(data)
+        _wake(self.waiter)
+
+    def eof_received(self) -> bool:
+        self.closed = self.closed or f"Connection closed by redis {self.label}"
+        _wake(self.waiter)
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f"Error while reading from redis {self.label}: {exc}" if exc else f"Connection to redis {self.label} lost"
+        self.closed = self.closed or why
+        _wake(self.waiter)
+        _wake(self.writable)
+        _wake(self.lost)
+
+    def pause_writing(self) -> None:
+        self.writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self.writable = self.writable, None
+        _wake(writable)
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+def _expire(future: asyncio.Future[None], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+async def _bounded(event: asyncio.Future[None], timeout: float, error: Exception) -> None:
+    """Wait until ``event`` is done; raise ``error`` after ``timeout`` seconds (``math.inf``: wait for ever).
+
+    The wait is on a future of its own, so a cancelled caller never cancels ``event``, which the protocol
+    shares with later callers."""
+    if event.done():
+        return
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def done(_: asyncio.Future[None]) -> None:
+        _wake(waiter)
+
+    event.add_done_callback(done)
+    handle = None if timeout == math.inf else loop.call_later(max(0.001, timeout), _expire, waiter, error)
+    try:
+        await waiter
+    finally:
+        event.remove_done_callback(done)
+        if handle is not None:
+            handle.cancel()
+
+
+class AsyncStream:
+    __slots__ = ("_label", "_protocol", "_timeout", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, protocol: _Protocol, timeout: float, label: str) -> None:
+        self._transport, self._protocol, self._timeout, self._label = transport, protocol, timeout, label
+
+    async def send(self, data: bytes) -> None:
+        protocol = self._protocol
+        if protocol.closed is not None:
+            raise RedisConnectionError(protocol.closed)
+        self._transport.write(data)
+        if protocol.writable is not None:  # the buffer is full: wait until the kernel took some of it
+            error = RedisTimeoutError(f"Timeout writing to redis {self._label}")
+            await _bounded(protocol.writable, self._timeout, error)
+            if protocol.closed is not None:
+                raise RedisConnectionError(protocol.closed)
+
+    async def recv(self, deadline: float | None) -> bytes:
+        """What has arrived, waiting until ``deadline`` (monotonic; None: the connection's own timeout from now,
+        ``math.inf``: for ever)."""
+        protocol = self._protocol
+        if not protocol.data and protocol.closed is None:
+            timeout = self._timeout if deadline is None else deadline - time.monotonic()
+            loop = asyncio.get_running_loop()
+            waiter = protocol.waiter = loop.create_future()  # this call's own: cancelling it harms nobody
+            handle = None
+            if timeout != math.inf:
+                error = RedisTimeoutError(f"Timeout reading from redis {self._label}")
+                handle = loop.call_later(max(0.001, timeout), _expire, waiter, error)
+            try:
+                await waiter
+            finally:
+                protocol.waiter = None
+                if handle is not None:
+                    handle.cancel()
+        if protocol.data:
+            chunks = protocol.data
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            return data
+        raise RedisConnectionError(protocol.closed or f"Connection to redis {self._label} lost")
+
+    def stale(self) -> bool:
+        """Readable while idle: the server (or a middlebox) closed it, or it holds stray bytes; unusable."""
+        return bool(self._protocol.data) or self._protocol.closed is not None
+
+    def abort(self) -> None:
+        """Close at once (the loop finishes it soon after)."""
+        self._protocol.closed = self._protocol.closed or f"Connection to redis {self._label} closed"
+        self._transport.abort()
+
+    async def close(self) -> None:
+        """Close and wait until the loop let go of the socket (a loop stopped before that would leak it)."""
+        self.abort()
+        with contextlib.suppress(TimeoutError):
+            await _bounded(self._protocol.lost, self._timeout, TimeoutError())
+
+
+async def open_stream(spec: NodeSpec) -> AsyncStream:
+    """Connect to ``spec``'s server within its ``connect_timeout``; TCP connections are kept alive (asyncio
+    sets ``TCP_NODELAY`` itself), TLS ones are verified as the options say."""
+    options = spec.options
+    loop = asyncio.get_running_loop()
+    protocol = _Protocol(spec.label)
+    connect: Any
+    if spec.path is not None:
+        connect = loop.create_unix_connection(lambda: protocol, spec.path)
+    else:
+        context = spec.tls_context()
+        tls: dict[str, Any] = {}
+        if context is not None:
+            tls = {"ssl": context, "server_hostname": spec.host, "ssl_handshake_timeout": options.connect_timeout}
+        assert spec.host is not None and spec.port is not None  # a spec has a path or a host and port
+        connect = loop.create_connection(lambda: protocol, spec.host, spec.port, **tls)
+    task = asyncio.ensure_future(connect)
+    try:
+        # asyncio.wait, not wait_for: it never swallows the caller's cancellation (see the module docstring)
+        done, _ = await asyncio.wait({task}, timeout=options.connect_timeout)
+    except BaseException:
+        task.cancel()
+        if task.done() and not task.cancelled() and task.exception() is None:
+            task.result()[0].abort()  # connected just as the caller was cancelled
+        raise
+    if not done:
+        task.cancel()
+        raise RedisTimeoutError(f"Timeout connecting to redis {spec.label}")
+    try:
+        transport, _ = task.result()
+    except TimeoutError as exc:  # the TLS handshake's own timeout
+        raise RedisTimeoutError(f"Timeout connecting to redis {spec.label}") from exc
+    except OSError as exc:  # ssl.SSLError (a refused certificate) too
+        raise RedisConnectionError(f"Error connecting to redis {spec.label}: {exc}") from exc
+    if spec.path is None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    return AsyncStream(transport, protocol, options.timeout, spec.label)

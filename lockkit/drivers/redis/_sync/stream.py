@@ -1,0 +1,121 @@
+"""The bytes of one blocking connection: a socket (TCP, TLS or unix), written by hand (``../_async/stream.py``
+is its asyncio twin, with the same names).
+
+A socket keeps the operation ``timeout`` it was given at connect; a read whose caller's deadline is nearer
+(a Redlock fan-out reads every master against one deadline) sets a timeout of its own and puts the socket's
+back after, which costs two system calls, so only then. Failures are redis-py's public exception classes
+(``TimeoutError``, ``ConnectionError``), which the drivers catch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import select
+import socket
+import ssl
+import time
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..config import NodeSpec
+
+__all__ = ["Stream", "open_stream"]
+
+_CHUNK = 65536
+_EARLY = 0.9
+"""A deadline nearer than this part of the socket's own timeout gets a read timeout of its own."""
+
+
+class Stream:
+    __slots__ = ("_label", "_pid", "_sock", "_timeout")
+
+    def __init__(self, sock: socket.socket, timeout: float, label: str) -> None:
+        sock.settimeout(timeout)
+        self._sock, self._timeout, self._label = sock, timeout, label
+        self._pid = os.getpid()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except TimeoutError as exc:  # socket.timeout
+            raise RedisTimeoutError(f"Timeout writing to redis {self._label}") from exc
+        except OSError as exc:
+            raise RedisConnectionError(f"Error while writing to redis {self._label}: {exc}") from exc
+
+    def recv(self, deadline: float | None) -> bytes:
+        """What has arrived, waiting until ``deadline`` (monotonic; None: the socket's own timeout from now,
+        ``math.inf``: for ever)."""
+        sock = self._sock
+        timeout: float | None = None
+        if deadline == math.inf:
+            timeout = math.inf
+        elif deadline is not None:
+            left = deadline - time.monotonic()
+            if left < self._timeout * _EARLY:
+                timeout = max(0.001, left)
+        try:
+            if timeout is None:
+                data = sock.recv(_CHUNK)
+            else:
+                sock.settimeout(None if timeout == math.inf else timeout)
+                try:
+                    data = sock.recv(_CHUNK)
+                finally:
+                    sock.settimeout(self._timeout)
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"Timeout reading from redis {self._label}") from exc
+        except OSError as exc:
+            raise RedisConnectionError(f"Error while reading from redis {self._label}: {exc}") from exc
+        if not data:
+            raise RedisConnectionError(f"Connection closed by redis {self._label}")
+        return data
+
+    def stale(self) -> bool:
+        """Readable while idle: the server (or a middlebox) closed it (EOF), or it holds stray bytes; unusable."""
+        sock = self._sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        return bool(select.select([sock], [], [], 0)[0])
+
+    def abort(self) -> None:
+        """Close at once. A forked child only lets go of its copy: shutting the socket down would cut the
+        parent's connection too."""
+        if self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    def close(self) -> None:
+        self.abort()
+
+
+def open_stream(spec: NodeSpec) -> Stream:
+    """Connect to ``spec``'s server within its ``connect_timeout``; TCP connections are kept alive and never
+    delay small writes (``TCP_NODELAY``), TLS ones are verified as the options say."""
+    options = spec.options
+    sock: socket.socket | None = None
+    try:
+        if spec.path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(options.connect_timeout)
+            sock.connect(spec.path)
+        else:
+            assert spec.port is not None  # a spec has a path or a host and port
+            sock = socket.create_connection((spec.host, spec.port), timeout=options.connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            context = spec.tls_context()
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=spec.host)
+    except BaseException as exc:
+        if sock is not None:
+            sock.close()
+        if isinstance(exc, TimeoutError):
+            raise RedisTimeoutError(f"Timeout connecting to redis {spec.label}") from exc
+        if isinstance(exc, OSError):  # ssl.SSLError (a refused certificate) too
+            raise RedisConnectionError(f"Error connecting to redis {spec.label}: {exc}") from exc
+        raise
+    return Stream(sock, options.timeout, spec.label)
