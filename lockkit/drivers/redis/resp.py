@@ -88,6 +88,8 @@ class Replies:
     def next(self) -> Any:
         """The next reply, or :data:`NOT_YET` (nothing is consumed then); error replies as exception objects."""
         start = self.pos
+        if start >= len(self.buf):  # the common case on a request's first look: nothing yet, no exception
+            return NOT_YET
         try:
             return self._reply()
         except _Short:

@@ -121,7 +121,9 @@ class Connection:
         connection's own ``timeout``. Error replies come back as exception objects (the stream stays in step),
         except those that make the connection unusable (a refused login, too many clients), which are raised
         like a timeout or a broken connection. Anything more than ``count`` replies is a protocol error."""
-        replies = self._read(count, deadline)
+        replies = [self.next_reply(deadline)]
+        for _ in range(count - 1):
+            replies.append(self.next_reply(None))
         for reply in replies:
             if isinstance(reply, RedisConnectionError):
                 raise reply
