@@ -24,6 +24,8 @@ import pytest
 from redis.exceptions import ResponseError
 
 from lockkit.driver import Grant
+from lockkit.drivers.redis._async.drive import adrive
+from lockkit.drivers.redis._sync.drive import drive
 from lockkit.drivers.redis.flow import (
     GRANT_FRESH,
     Flow,
@@ -32,8 +34,6 @@ from lockkit.drivers.redis.flow import (
     Wait,
     Watch,
     acquire_flow,
-    adrive,
-    drive,
     ms,
     redlock_acquire_flow,
     waiter_id,

@@ -26,10 +26,11 @@ persistence forgets its keys (the run_id guard catches it on renew, not before a
 wins), and a server clock jump can expire a key early. **No fencing token**: a per-master
 counter max is not monotonic across quorums, and a max-register read and written by majority
 can hand the *same* token to two clients in exactly the overlap that fencing exists for
-(Kleppmann's objection), so ``fencing_token`` is always 0 and the guarantees say
-``fencing="none"``. Use etcd or ZooKeeper where correctness needs fencing. Replicas given as
-masters are not detected. Waiting is not FIFO (per-master queues could disagree on
-the head and split the vote): a release wakes every waiter of the lock.
+(Kleppmann's objection), so the guarantees say ``fencing="none"`` and a lease carries no
+fencing token (``lease.fenced`` is false; reading ``lease.fencing_token`` raises ``ConfigError``).
+Use etcd or ZooKeeper where correctness needs fencing. Replicas given as masters are not
+detected. Waiting is not FIFO (per-master queues could disagree on the head and split the
+vote): a release wakes every waiter of the lock.
 
 **Presence records** (for ``migrate``, :mod:`.presence`): an announce or
 withdraw goes to every master and stands once a majority applied it; ``members``

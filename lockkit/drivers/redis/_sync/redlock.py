@@ -43,7 +43,7 @@ GUARANTEES = Guarantees(
     survives_failover=True,
     lifetime="ttl",
     note="A majority of independent Redis masters; safe only under bounded clock drift and pauses, "
-    "and it offers no fencing token (fencing_token is always 0).",
+    "and it offers no fencing token (a lease is not fenced; reading fencing_token raises ConfigError).",
 )
 MAX_TRACKED = 100_000
 
