@@ -22,6 +22,7 @@ from ....lease import token_hint
 from ....urls import BackendURL
 from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
+from ..errors import refused_logins
 from ..flow import Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
 from ..hub import Hub
 from ..keys import LockKeys, lock_keys
@@ -94,6 +95,10 @@ class AsyncRedlockDriver:
             except (RedisError, OSError) as exc:
                 replies = exc
             results.append(NodeResult(replies, node.state.epoch, repeated))
+        errors = [r.replies if isinstance(r.replies, BaseException) else None for r in results]
+        refused = refused_logins(self.specs, errors, self.need)
+        if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
+            raise refused
         return results
 
     def _flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[tuple[Grant, Epochs] | None]:

@@ -20,6 +20,7 @@ from ....lease import token_hint
 from ....urls import BackendURL
 from ..calls import Call
 from ..config import NodeSpec, RedisOptions, redis_nodes
+from ..errors import translate
 from ..flow import Flow, Op, Send, Wait, Watch, acquire_flow, checked, leave_call, ms, release_call, waiter_id
 from ..hub import Hub
 from ..keys import LockKeys, lock_keys
@@ -43,10 +44,6 @@ GUARANTEES = Guarantees(
 )
 
 
-def unavailable(label: str, exc: BaseException) -> BackendUnavailable:
-    return BackendUnavailable(f"redis {label} is unreachable: {exc}")
-
-
 class AsyncRedisDriver:
     guarantees: ClassVar[Guarantees] = GUARANTEES
 
@@ -67,7 +64,7 @@ class AsyncRedisDriver:
         try:
             return await self._node.run(calls, idempotent)
         except RedisError as exc:
-            raise unavailable(self.spec.label, exc) from exc
+            raise translate(self.spec, exc) from exc
 
     async def _one(self, call: Call, what: str) -> Any:
         """The reply of one idempotent call, a refused script raised as :class:`BackendUnavailable`."""
@@ -156,7 +153,7 @@ class AsyncRedisDriver:
         try:
             replies, repeated = await self._node.run_again_on_error([release_call(self._keys(name), token)])
         except RedisError as exc:
-            raise unavailable(self.spec.label, exc) from exc
+            raise translate(self.spec, exc) from exc
         return self._released(name, replies[0], repeated)
 
     def _released(self, name: str, reply: Any, repeated: bool) -> bool:

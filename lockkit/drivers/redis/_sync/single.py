@@ -22,6 +22,7 @@ from ....lease import token_hint
 from ....urls import BackendURL
 from ..calls import Call
 from ..config import NodeSpec, RedisOptions, redis_nodes
+from ..errors import translate
 from ..flow import Flow, Op, Send, Wait, Watch, acquire_flow, checked, leave_call, ms, release_call, waiter_id
 from ..hub import Hub
 from ..keys import LockKeys, lock_keys
@@ -45,10 +46,6 @@ GUARANTEES = Guarantees(
 )
 
 
-def unavailable(label: str, exc: BaseException) -> BackendUnavailable:
-    return BackendUnavailable(f"redis {label} is unreachable: {exc}")
-
-
 class RedisDriver:
     guarantees: ClassVar[Guarantees] = GUARANTEES
 
@@ -69,7 +66,7 @@ class RedisDriver:
         try:
             return self._node.run(calls, idempotent)
         except RedisError as exc:
-            raise unavailable(self.spec.label, exc) from exc
+            raise translate(self.spec, exc) from exc
 
     def _one(self, call: Call, what: str) -> Any:
         """The reply of one idempotent call, a refused script raised as :class:`BackendUnavailable`."""
@@ -158,7 +155,7 @@ class RedisDriver:
         try:
             replies, repeated = self._node.run_again_on_error([release_call(self._keys(name), token)])
         except RedisError as exc:
-            raise unavailable(self.spec.label, exc) from exc
+            raise translate(self.spec, exc) from exc
         return self._released(name, replies[0], repeated)
 
     def _released(self, name: str, reply: Any, repeated: bool) -> bool:
