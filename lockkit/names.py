@@ -6,14 +6,22 @@ the same text are two different locks (normalising would silently merge locks
 that other languages' clients keep apart).
 
 Each driver documents its own mapping, and every one is injective (two distinct
-names never share a key):
+names never share a key). None stores the UTF-8 bytes as they are:
 
-* Redis and Redlock escape exactly ``%``, ``{`` and ``}`` in the UTF-8 text (the
-  braces delimit the Redis Cluster hash tag; see ``drivers/redis/keys.py``).
-* etcd and ZooKeeper use :func:`encode_name` below, a percent-encoding of every
-  byte outside a small safe set, so a name never contains ``/`` (a path
-  separator in both) and never is ``.`` or ``..``; other languages can
-  reproduce it in a few lines.
+* Redis and Redlock escape exactly ``%``, ``{`` and ``}`` in the UTF-8 text
+  (``%25``, ``%7B``, ``%7D``): the braces delimit the Redis Cluster hash tag;
+  see ``drivers/redis/keys.py``. Every other character, ``/`` and ``.``
+  included, is kept.
+* etcd and ZooKeeper use :func:`encode_name` below: every UTF-8 byte outside
+  ``A-Z a-z 0-9 - _ ~ :`` becomes ``%XX`` with *upper-case* hex digits (``.``,
+  ``/``, space, ``%``, braces and every non-ASCII byte included), so a name
+  never contains ``/`` (a path separator in both), never is ``.`` or ``..``
+  (invalid ZooKeeper path components) and never starts with ``.`` (etcd's
+  presence records live under ``<prefix>.presence/``). ``v1.2`` is stored as
+  ``v1%2E2``: ordinary URL escapers keep ``.`` and so do not reproduce it.
+  Other clients sharing a lock use the reference functions and test vectors
+  of docs/interop.md. Changing this set would be a key-layout change (old and
+  new clients would lock different keys for the same name), so it is fixed.
 * file:// names each lock file by the SHA-256 of the UTF-8 name (any name then
   fits a file name); memory:// keys its table by the name itself.
 """

@@ -234,7 +234,9 @@ class EtcdDriver:
         left = self._client.time_to_live(int(kv.lease)) if kv.lease else None
         return HolderInfo(
             True,
-            token_hint(kv.value.decode("utf-8", "replace")),
+            # lockkit's value is the token, shown only as its hash; so is another client's value (etcdctl lock
+            # and Go's Mutex write an empty one: no hint, "not a lockkit client")
+            token_hint(kv.value.decode("utf-8", "replace")) if kv.value else None,
             int(kv.create_revision),
             None if left is None else float(max(left, 0)),
             int(reply.count) - 1,

@@ -1,15 +1,19 @@
 """ZooKeeper paths, node names, options and error translation for :mod:`lockkit.drivers.zookeeper`.
 
 No session state lives here: the layout (``<chroot>/lockkit/<encode_name(name)>``),
-contender node names (``<uuid hex>__lock__<sequence>``), the URL's hosts and
-chroot, the options dataclass, the record of a held lock, and the one place
-where kazoo's exceptions become lockkit's.
+contender node names (``<uuid hex>__lock__<sequence>`` as kazoo's ``Lock`` names
+them, or ``_c_<uuid>-lock-<sequence>`` as Curator's ``InterProcessMutex`` does
+under ``?layout=curator``), the URL's hosts and chroot, the options dataclass,
+the record of a held lock, and the one place where kazoo's exceptions become
+lockkit's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -33,7 +37,12 @@ from ...urls import BackendURL
 
 DEFAULT_PORT = 2181
 MARK = "__lock__"
-"""Separates the uuid prefix from the server-assigned sequence in a contender's node name."""
+"""Separates the uuid prefix from the server-assigned sequence in a contender's node name (kazoo's ``Lock``)."""
+CURATOR_MARK = "-lock-"
+"""The same in Curator's ``InterProcessMutex`` (``_c_<uuid>`` + ``-`` + its lock name ``lock-``)."""
+CURATOR_PROTECTED = "_c_"
+"""Curator's prefix of a *protected* node name (the uuid it finds its node by after a lost create reply)."""
+LAYOUTS = ("kazoo", "curator")
 
 
 @dataclass(frozen=True)
@@ -44,8 +53,14 @@ class ZooKeeperOptions:
     """How long a call waits for a (re)connection before raising ``BackendUnavailable``."""
     randomize_hosts: bool = True
     """Connect to the listed servers in random order (spreads clients over an ensemble)."""
+    layout: str = "kazoo"
+    """How contender nodes are named: ``kazoo`` (``<uuid hex>__lock__<seq>``, shared with kazoo's ``Lock``) or
+    ``curator`` (``_c_<uuid>-lock-<seq>``, shared with Curator's ``InterProcessMutex``). Either layout orders
+    both kinds of node by their sequence, so lockkit clients with different layouts still exclude each other."""
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         for key in ("session_timeout", "connect_timeout"):
             value = getattr(self, key)
             if not (math.isfinite(value) and 0.1 <= value <= 3600):
@@ -74,7 +89,7 @@ class Held:
 
     @property
     def prefix(self) -> str:
-        return self.child.rpartition(MARK)[0]
+        return stem(self.child)
 
 
 @dataclass(frozen=True)
@@ -143,40 +158,87 @@ def chroot_of(url: BackendURL) -> str:
     return path
 
 
-class Layout:
-    """Where a lock name lives: ``<chroot>/lockkit/<encode_name(name)>/<uuid>__lock__<seq>``."""
+_HINT = re.compile(rb"[0-9a-f]{8}")
+"""The data of lockkit's own contender nodes: the lease token's :func:`~lockkit.lease.token_hint`."""
 
-    def __init__(self, chroot: str) -> None:
+
+def holder_hint(data: bytes) -> str | None:
+    """What ``status`` may show of a holder node's data: lockkit's hint as it is, anything else hashed.
+
+    A node written by another client (kazoo's ``identifier``, Curator's default of the host's IP address, or
+    any bytes a program chose) is not ours to print: it is shown as the same 8-hex-digit hash prefix lockkit's
+    hints are, and empty data as no hint at all ("holder not a lockkit client").
+    """
+    if not data:
+        return None
+    if _HINT.fullmatch(data):
+        return data.decode("ascii")
+    return hashlib.sha256(data).hexdigest()[:8]
+
+
+class Layout:
+    """Where a lock name lives: ``<chroot>/lockkit/<encode_name(name)>/<stem><seq>``.
+
+    The *stem* is the part of a contender's name before the server-assigned sequence, mark included
+    (``<uuid hex>__lock__`` or ``_c_<uuid>-lock-``): it is unique per acquisition, so a create whose reply was
+    lost finds its node again by it.
+    """
+
+    def __init__(self, chroot: str, style: str = "kazoo") -> None:
         self.base = f"{chroot}/lockkit"
+        self.style = style
 
     def parent(self, name: str) -> str:
         # encode_name never yields "/", "." or "..", so every name is one distinct, valid path component.
         return f"{self.base}/{encode_name(name)}"
 
+    def new_stem(self) -> str:
+        """A fresh stem for one acquisition's node (random: it never reveals the lease token)."""
+        if self.style == "curator":
+            # Curator's protected name: "_c_" + a dashed uuid + "-" + "lock-" (ProtectedUtils, InterProcessMutex)
+            return f"{CURATOR_PROTECTED}{uuid.uuid4()}{CURATOR_MARK}"
+        return uuid.uuid4().hex + MARK
 
-def new_prefix() -> str:
-    """A fresh uuid for one acquisition's node (random: it never reveals the lease token)."""
-    return uuid.uuid4().hex
+
+def _split(child: str) -> tuple[str, str] | None:
+    """``(stem, sequence digits)`` of a kazoo- or Curator-style contender name, else None."""
+    for mark in (MARK, CURATOR_MARK):
+        head, found, seq = child.rpartition(mark)
+        if found and head:
+            return head + found, seq
+    return None
+
+
+def stem(child: str) -> str:
+    split = _split(child)
+    return split[0] if split is not None else child
 
 
 def sequence(child: str) -> int | None:
-    head, mark, seq = child.rpartition(MARK)
-    if not mark or not head:
+    """The server-assigned sequence of a contender node, whichever layout named it.
+
+    The sequence counter belongs to the parent and counts every sequential create in it, so the sequences of
+    kazoo-style and Curator-style nodes under one parent order them all by creation: lockkit clients of both
+    layouts (and kazoo or Curator holders alike) are one queue to every lockkit client.
+    """
+    split = _split(child)
+    if split is None:
         return None
     try:
-        return int(seq)
+        return int(split[1])
     except ValueError:
         return None
 
 
 def contenders(children: Iterable[str]) -> list[str]:
-    """Our contender nodes among ``children``, in queue order (lowest sequence first)."""
+    """The contender nodes among ``children``, in queue order (lowest sequence first)."""
     keyed = [(seq, child) for child in children if (seq := sequence(child)) is not None]
     return [child for _, child in sorted(keyed)]
 
 
 def with_prefix(children: Iterable[str], prefix: str) -> list[str]:
-    return [child for child in children if child.startswith(prefix + MARK)]
+    """The children created with stem ``prefix`` (at most one, unless a create was retried)."""
+    return [child for child in children if child.startswith(prefix) and sequence(child) is not None]
 
 
 @contextlib.contextmanager

@@ -78,7 +78,7 @@ from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...urls import BackendURL, parse_options
 from . import nodes
-from .nodes import HELD, LOST, MARK, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
+from .nodes import HELD, LOST, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
 from .presence import ZooKeeperPresence
 from .session import Session
 
@@ -134,7 +134,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
             if not url.username or not url.password:
                 raise ConfigError(f"ZooKeeper digest credentials need both a user and a password: {url}")
             credential = f"{url.username}:{url.password}"
-        session = Session(hosts, options, credential, ctx.clock, ctx.events, Layout(chroot), str(url))
+        session = Session(hosts, options, credential, ctx.clock, ctx.events, Layout(chroot, options.layout), str(url))
         return cls(session, ctx, str(url))
 
     def __repr__(self) -> str:
@@ -150,7 +150,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         # shorter one (try_acquire), and connect_timeout at most. Past it, an unreachable server is a
         # BackendUnavailable, not a LockTimeout: nobody was seen holding the lock.
         end = s.end_of(deadline)
-        c = _Contender(self._layout.parent(name), nodes.new_prefix(), token_hint(token).encode())
+        c = _Contender(self._layout.parent(name), self._layout.new_stem(), token_hint(token).encode())
         wake = threading.Event()
         unhook = s.add_waker(wake.set)
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
@@ -241,7 +241,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         for _ in range(PARENT_RETRIES):
             c.session_id, c.pending, c.child = sid, True, None
             created = kz.create_async(
-                f"{c.parent}/{c.prefix}{MARK}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
+                f"{c.parent}/{c.prefix}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
             )
             listed = kz.get_children_async(c.parent)  # pipelined: the server answers it after the create
             try:
@@ -411,8 +411,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 data, stat = s.call(s.client().get_async(path), f"read {path}", (NoNodeError,))
             except NoNodeError:
                 continue  # released between our two reads
-            hint = bytes(data).decode("ascii", "replace") or None
-            return HolderInfo(True, hint, stat.czxid, None, len(order) - 1)
+            return HolderInfo(True, nodes.holder_hint(bytes(data)), stat.czxid, None, len(order) - 1)
         return HolderInfo(False)
 
     def force_release(self, name: str) -> bool:
