@@ -2,6 +2,7 @@
 # Install the servers used by lockkit's integration tests (Debian/Ubuntu, apt).
 # Idempotent: installs only what is missing; prints nothing when all is present.
 #   redis-server, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE,
+#   libcurator-recipes-java and a JDK with javac (tests/test_interop_curator.py compiles a Curator client),
 #   prometheus (for promtool: the alert rules of monitoring/ are checked and unit-tested)
 set -euo pipefail
 
@@ -27,6 +28,11 @@ check etcd-server have_cmd etcd
 check etcd-client have_cmd etcdctl
 check openssl have_cmd openssl   # the TLS tests make a CA and certificates at run time
 check prometheus have_cmd promtool   # tests/test_metrics_rules.py: promtool check/test rules
+check libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar   # tests/test_interop_curator.py
+# the Curator interop test compiles its client at test time: any JDK with javac will do
+if ! have_cmd javac >/dev/null 2>&1; then
+    missing+=(default-jdk-headless)
+fi
 # any working JRE will do; install the headless default only if there is none
 if ! have_cmd java >/dev/null 2>&1 || ! java -version >/dev/null 2>&1; then
     missing+=(default-jre-headless)
@@ -70,14 +76,16 @@ if [ ${#others[@]} -gt 0 ]; then
 fi
 
 fail=0
-for cmd in redis-server etcd etcdctl java promtool; do
+for cmd in redis-server etcd etcdctl java javac promtool; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         echo "backends/install.sh: $cmd still missing after install" >&2
         fail=1
     fi
 done
-if [ ! -f /usr/share/java/zookeeper.jar ]; then
-    echo "backends/install.sh: /usr/share/java/zookeeper.jar still missing after install" >&2
-    fail=1
-fi
+for jar in zookeeper.jar curator-recipes.jar; do
+    if [ ! -f "/usr/share/java/$jar" ]; then
+        echo "backends/install.sh: /usr/share/java/$jar still missing after install" >&2
+        fail=1
+    fi
+done
 exit "$fail"

@@ -3,8 +3,11 @@
 Layout. Every lock name is one *parent* node, and every acquisition one
 *contender* node under it::
 
-    <chroot>/lockkit/<encode_name(name)>/<uuid4 hex>__lock__<sequence>
+    <chroot>/lockkit/<encode_name(name)>/<uuid4 hex>__lock__<sequence>     (kazoo's Lock recipe)
+    <chroot>/lockkit/<encode_name(name)>/_c_<uuid4>-lock-<sequence>      ?layout=curator (Curator's InterProcessMutex)
 
+Either layout orders both kinds of node by sequence (see :func:`.nodes.sequence`); docs/interop.md is the
+recipe other clients follow.
 :func:`lockkit.names.encode_name` percent-encodes the name's UTF-8 bytes into
 ``[A-Za-z0-9_~:%-]``, so every name (``/``, ``.``, ``..``, ``zookeeper``,
 unicode, 512 bytes) is one valid path component and no two names share one.
