@@ -58,9 +58,9 @@ def test_redlock_wrong_password_everywhere_is_a_config_error(redlock_servers: Re
             "ACL", "SETUSER", "lk", "on", f">{SECRET}", "~*", "&*", "+@all"
         )
     hosts = ",".join(f"127.0.0.1:{s.port}" for s in redlock_servers)
-    with lockkit.connect(f"redlock://lk:{WRONG}@{hosts}/0") as locks:
-        with pytest.raises(lockkit.ConfigError) as caught:
-            locks.lock("x", ttl=5).acquire(timeout=2)
+    locks = lockkit.connect(f"redlock://lk:{WRONG}@{hosts}/0")
+    with locks, pytest.raises(lockkit.ConfigError) as caught:
+        locks.lock("x", ttl=5).acquire(timeout=2)
     assert "refused the login" in str(caught.value) and "'lk'" in str(caught.value)
     assert WRONG not in _chain(caught.value)
     with lockkit.connect(f"redlock://lk:{SECRET}@{hosts}/0") as locks, locks.lock("x", ttl=5):
@@ -69,15 +69,15 @@ def test_redlock_wrong_password_everywhere_is_a_config_error(redlock_servers: Re
 
 def test_refused_connection_says_where_and_what_to_check() -> None:
     port = _free_port()
-    with lockkit.connect(f"redis://app:{SECRET}@127.0.0.1:{port}/0?connect_timeout=1") as locks:
-        with pytest.raises(lockkit.BackendUnavailable) as caught:
-            locks.lock("x", ttl=5).acquire(timeout=1)
+    locks = lockkit.connect(f"redis://app:{SECRET}@127.0.0.1:{port}/0?connect_timeout=1")
+    with locks, pytest.raises(lockkit.BackendUnavailable) as caught:
+        locks.lock("x", ttl=5).acquire(timeout=1)
     message = str(caught.value)
     assert f"could not connect to redis at 127.0.0.1:{port}: connection refused" in message
     assert "Is a Redis server running" in message and SECRET not in _chain(caught.value)
 
 
 def test_missing_unix_socket_says_so(tmp_path: object) -> None:
-    with lockkit.connect(f"unix://{tmp_path}/nothing.sock?db=0") as locks:
-        with pytest.raises(lockkit.BackendUnavailable, match="no socket file there"):
-            locks.lock("x", ttl=5).acquire(timeout=1)
+    locks = lockkit.connect(f"unix://{tmp_path}/nothing.sock?db=0")
+    with locks, pytest.raises(lockkit.BackendUnavailable, match="no socket file there"):
+        locks.lock("x", ttl=5).acquire(timeout=1)
