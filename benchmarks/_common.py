@@ -38,21 +38,24 @@ def interleave(ops: dict[str, Callable[[], object]], rounds: int, block: int = 2
     return samples
 
 
-def latency_table(samples: dict[str, list[float]], unit: str = "ms") -> str:
-    """A ``##`` heading, then median, p99 and ratio of medians to the first row (the raw floor) per label."""
+def latency_table(samples: dict[str, list[float]], unit: str = "ms", against: dict[str, str] | None = None) -> str:
+    """A ``##`` heading, then median, p99 and ratio of medians per label: to the row ``against`` names for the
+    label (its own floor), else to the first row (the raw floor)."""
     scale, digits = {"ms": (1e3, 3), "µs": (1e6, 0)}[unit]
     width = max(len(label) for label in samples)
-    base = statistics.median(next(iter(samples.values())))
+    first = next(iter(samples))
+    medians = {label: statistics.median(values) for label, values in samples.items()}
+    against = against or {}
     count = len(next(iter(samples.values())))
     lines = [
         f"## Uncontended acquire+release ({unit} per operation, {count} each, interleaved)",
         f"{'':{width}} {'median':>8} {'p99':>8} {'ratio':>6}",
     ]
     for label, values in samples.items():
-        med = statistics.median(values)
-        lines.append(
-            f"{label:{width}} {med * scale:8.{digits}f} {pct(values, 0.99) * scale:8.{digits}f} {med / base:6.2f}"
-        )
+        med, base = medians[label], against.get(label, first)
+        line = f"{label:{width}} {med * scale:8.{digits}f} {pct(values, 0.99) * scale:8.{digits}f} "
+        line += f"{med / medians[base]:6.2f}" + (f" (of {base})" if base != first else "")
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -6,8 +6,11 @@
 Starts its own throw-away servers on loopback (backends/servers.py). Three parts:
 
 1. Uncontended acquire+release on distinct names, alternating in blocks of 10 with the raw
-   floor (redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete, script preloaded):
-   median and p99 per operation, ratios of medians against the floor.
+   floors: median and p99 per operation, ratios of medians against the row's floor. redis://
+   against redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete (script preloaded);
+   redlock:// against the raw 5-master parallel floor: ``SET NX PX`` written to all five
+   masters, then all replies read, then the same for the ``EVALSHA``, one thread
+   (``--parts redlock`` runs only these two rows).
 2. 4 processes contending on one name, each holding ~1 ms (lockkit/cli/contention.py, shared
    with the etcd and ZooKeeper benchmarks): handoffs/s (an acquisition by a different
    process than the previous holder), fairness (fewest/most acquisitions per process),
@@ -42,11 +45,41 @@ from benchmarks._common import contention, interleave, latency_table
 CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
-def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: int) -> None:
+class RedlockFloor:
+    """The fewest a Redlock acquire+release can do: each command written to every master before any reply is
+    read (all masters in parallel, one thread, as lockkit's fan-out does), on redis-py's bare connections."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.conns = [redis.Connection(port=port) for port in ports]
+        for conn in self.conns:
+            conn.connect()
+            conn.send_command("SCRIPT", "LOAD", CAD)
+        self.sha = [conn.read_response() for conn in self.conns].pop()  # the same on every master
+        self.quorum = len(self.conns) // 2 + 1
+
+    def __call__(self, name: str) -> None:
+        for conn in self.conns:
+            conn.send_command("SET", name, "token", "NX", "PX", 10_000)
+        won = sum(conn.read_response() is not None for conn in self.conns)
+        assert won >= self.quorum
+        for conn in self.conns:
+            conn.send_command("EVALSHA", self.sha, 1, name, "token")
+        for conn in self.conns:
+            conn.read_response()
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.disconnect()
+
+
+def uncontended(
+    redis_url: str, port: int, redlock_url: str, redlock_ports: list[int], ops: int, rounds: int, single_too: bool
+) -> None:
     client = redis.Redis(port=port)
     sha = client.script_load(CAD)
     single = lockkit.connect(redis_url)
     quorum = lockkit.connect(redlock_url)
+    parallel = RedlockFloor(redlock_ports)
 
     def floor(name: str) -> None:
         client.set(name, "token", nx=True, px=10_000)
@@ -60,7 +93,12 @@ def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: i
 
         return op
 
-    runners: dict[str, Callable[[str], None]] = {"floor": floor, "redis://": via(single), "redlock://": via(quorum)}
+    runners: dict[str, Callable[[str], None]] = {}
+    against: dict[str, str] = {"redlock://": "5-master floor"}
+    if single_too:
+        runners |= {"floor": floor, "redis://": via(single)}
+        against["redis://"] = "floor"
+    runners |= {"5-master floor": parallel, "redlock://": via(quorum)}
     for warm in runners.values():
         for i in range(50):
             warm(f"warm-{uuid.uuid4().hex}-{i}")
@@ -74,9 +112,10 @@ def uncontended(redis_url: str, port: int, redlock_url: str, ops: int, rounds: i
 
     samples = interleave({label: fresh(run) for label, run in runners.items()}, ops * rounds, block=10)
     print()
-    print(latency_table(samples, unit="µs"))
+    print(latency_table(samples, unit="µs", against=against))
     single.close()
     quorum.close()
+    parallel.close()
 
 
 def scale(url: str, port: int, n: int, hold: float) -> None:
@@ -130,7 +169,8 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="uncontended,contention,scale",
-        help="comma-separated parts to run: uncontended, contention, scale",
+        help="comma-separated parts to run: uncontended, contention, scale; redlock: only redlock:// and its "
+        "floor, uncontended; redlock-contention: only redlock://, contended",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -139,10 +179,11 @@ def main() -> None:
         f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}"
     )
     with RedisServer() as single, RedlockServers(5) as group:
-        if "uncontended" in parts:
-            uncontended(single.url, single.port, group.url, args.ops, args.rounds)
-        if "contention" in parts:
-            for url in (single.url, group.url):
+        if parts & {"uncontended", "redlock"}:
+            ports = [server.port for server in group.servers]
+            uncontended(single.url, single.port, group.url, ports, args.ops, args.rounds, "uncontended" in parts)
+        if parts & {"contention", "redlock-contention"}:
+            for url in (single.url, group.url) if "contention" in parts else (group.url,):
                 print()
                 print(contention(url, args.contend).report())
         if "scale" in parts:
