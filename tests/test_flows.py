@@ -28,6 +28,7 @@ from lockkit.drivers.redis._async.drive import adrive
 from lockkit.drivers.redis._sync.drive import drive
 from lockkit.drivers.redis.flow import (
     GRANT_FRESH,
+    SPLIT_SPREAD,
     Flow,
     Op,
     Send,
@@ -562,6 +563,31 @@ def test_redlock_held_by_a_quorum_waits_for_the_wake_up_then_wins(clock: FakeClo
     # a quorum (3 of 5) is free once the third-soonest holder lapses: 2.0 s; plus jitter
     assert isinstance(wait, Wait) and wait.timeout is not None and 2.0 < wait.timeout <= 2.0 + 0.0505
     assert grant == Grant(0, TTL, script.started[4]) and epochs == (0, 0, 0, None, None)
+
+
+def test_redlock_split_vote_backs_off_through_wake_ups_then_retries(clock: FakeClock, run: Runner) -> None:
+    """Won 2 of 5, the rest held by keys that look alive for their whole TTL: a split vote (or a race), not a
+    quorum to wait for. No Watch; a random pause within SPLIT_SPREAD round trips; the other losers' undos wake
+    us during it, and we sleep on until it is over instead of retrying in step with them."""
+    split = [_won(), _won(), _lost(9000), _lost(9000), _lost(9500)]
+    script = Script(
+        clock,
+        [
+            Step(Send, split, takes=0.004),
+            Step(Send, _released()),
+            Step(Wait, "woken"),  # another loser's undo PUBLISHed: not a reason to retry now
+            Step(Wait, "timeout", takes=1.0),
+            Step(Send, [_won()] * MASTERS, takes=0.004),
+        ],
+    )
+    grant, _epochs = run(_redlock(clock), script)
+    script.done()
+    assert _undone(script) and script.kinds() == ["Send", "Send", "Wait", "Wait", "Send"]
+    first, second = script.ops[2], script.ops[3]
+    assert isinstance(first, Wait) and isinstance(second, Wait)
+    assert first.timeout is not None and 0 <= first.timeout <= min(RETRY_DELAY, SPLIT_SPREAD * 0.004)
+    assert second.timeout == pytest.approx(first.timeout)  # the rest of the same pause (no time passed)
+    assert grant.sent_at == script.started[4]
 
 
 def test_redlock_deadline_passing_returns_none_after_the_undo(clock: FakeClock, run: Runner) -> None:

@@ -67,6 +67,10 @@ GRANT_FRESH = 1 / 3
 MAX_QUEUE = 1000
 """Waiters beyond this many per lock are not queued: they re-check at the holder's expiry, unordered."""
 
+SPLIT_SPREAD = 8
+"""Redlock: after a split vote, retry within this many of the failed attempt's round trips (at most
+retry_delay): contenders a round trip apart do not split again."""
+
 R = TypeVar("R")
 Outcome = Literal["woken", "timeout", "cancelled"] | int
 """How a :class:`Wait` ended; an ``int`` is the fencing token of a grant made to this waiter by a release."""
@@ -219,7 +223,8 @@ def redlock_acquire_flow(
     while True:
         sent_at = clock()
         results: list[NodeResult] = yield Send(take, False)
-        tally = tally_acquire(results, ttl, clock() - sent_at)
+        elapsed = clock() - sent_at
+        tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
         yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
@@ -231,13 +236,31 @@ def redlock_acquire_flow(
         left = _left(clock, deadline)
         if left is not None and left <= 0:
             return None
-        if tally.free_in <= 0:  # nobody holds a quorum (a split vote): retry after a random delay
-            wait = _rng.uniform(0, retry_delay)
-        else:
-            if not watching:
-                watching = True
-                if (yield Watch()):
-                    continue
-            wait = tally.free_in + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * tally.free_in))
+        if tally.free_in <= 0 or tally.won:
+            # Nobody holds a quorum (free_in 0), or we won some masters: our attempt overlapped another's,
+            # perhaps a split vote (whose other keys look held, for their full TTL, until undone). Retry after
+            # a random delay, and sleep through wake-ups until then: the losers' undos PUBLISH, and retrying
+            # on them puts every loser back in lockstep, to split again (the first to get out of step wins,
+            # which starves the rest). Spread over a few round trips, not all of retry_delay: enough for the
+            # retries not to overlap, short enough not to idle the lock. A quorum that was really taken is
+            # found on that retry, which then waits for its release as below.
+            retry_at = clock() + _rng.uniform(0, min(retry_delay, SPLIT_SPREAD * elapsed))
+            pause = retry_at - clock()
+            while pause > 0:
+                left = _left(clock, deadline)
+                if left is not None and left <= 0:
+                    break
+                outcome = yield Wait(pause if left is None else min(pause, left))
+                if outcome == "cancelled":
+                    return None
+                if outcome != "woken":  # the timeout: the delay (or the deadline) is up
+                    break
+                pause = retry_at - clock()
+            continue
+        if not watching:
+            watching = True
+            if (yield Watch()):
+                continue
+        wait = tally.free_in + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * tally.free_in))
         if (yield Wait(wait if left is None else min(wait, left))) == "cancelled":
             return None
