@@ -217,7 +217,7 @@ def redlock_acquire_flow(
     retry_delay: float,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
     take = (Call(ACQUIRE, keys.script_keys(1), (token, ms(ttl))),)
-    undo = (Call(RELEASE, keys.script_keys(1), (token, keys.channel)),)
+    undo: tuple[Call, ...] = ()  # made at the first failed attempt: most acquires never need it
     need = quorum(masters)
     watching = False
     while True:
@@ -227,6 +227,7 @@ def redlock_acquire_flow(
         tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
+        undo = undo or (Call(RELEASE, keys.script_keys(1), (token, keys.channel)),)
         yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
         if tally.reached < need:
             raise BackendUnavailable(

@@ -61,19 +61,23 @@ def tally_acquire(results: Sequence[NodeResult], ttl: float, elapsed: float, ind
     won = reached = 0
     free: list[float] = []
     epochs: list[int | None] = []
+    # On every uncontended acquire: one pass, each reply looked at once (no helper call per master).
     for result in results:
-        reply = _reply(result, index)
-        ok = isinstance(reply, list) and len(reply) == 2
-        if ok and reply[0] == 1:
+        replies = result.replies
+        reply = None if isinstance(replies, BaseException) else replies[index]
+        if not isinstance(reply, list) or len(reply) != 2:
+            free.append(math.inf)
+            epochs.append(None)
+            continue
+        reached += 1
+        if reply[0] == 1:
             won += 1
             free.append(0.0)
-        elif ok:
-            pttl = int(reply[1])
-            free.append(pttl / 1000 if pttl >= 0 else (ttl if pttl == -1 else 0.0))
-        else:
-            free.append(math.inf)
-        reached += ok
-        epochs.append(result.epoch if ok and reply[0] == 1 else None)
+            epochs.append(result.epoch)
+            continue
+        pttl = int(reply[1])
+        free.append(pttl / 1000 if pttl >= 0 else (ttl if pttl == -1 else 0.0))
+        epochs.append(None)
     left = validity(ttl, elapsed)
     free.sort()
     return Tally(won >= need and left > 0, won, reached, left, free[need - 1], tuple(epochs))
@@ -105,7 +109,10 @@ def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
     """(masters whose reply was a true integer, masters that answered at all)."""
     ok = reached = 0
     for result in results:
-        reply = _reply(result, index)
+        replies = result.replies
+        if isinstance(replies, BaseException):
+            continue
+        reply = replies[index]
         if isinstance(reply, BaseException):
             continue
         reached += 1

@@ -11,6 +11,7 @@ This file is the source of the blocking :class:`RedlockDriver` too: ``scripts/un
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -32,7 +33,7 @@ from ..presence import announce_call, members_call, merge_members, parse_members
 from ..quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from .drive import drive
-from .node import SyncNode
+from .node import Pending, SyncNode
 from .primitives import Background
 
 __all__ = ["GUARANTEES", "RedlockDriver"]
@@ -64,6 +65,8 @@ class RedlockDriver:
         self._nodes = [SyncNode(spec) for spec in specs]
         self._background = Background("lockkit-redlock-pubsub")
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
+        self._pid = os.getpid()
+        """The process the hubs belong to (see Hub.own_process)."""
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> RedlockDriver:
@@ -73,38 +76,48 @@ class RedlockDriver:
         return lock_keys(self.options.prefix, name)
 
     def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
-        pending: list[Any] = []
+        nodes = self._nodes
         payload = pack_calls(calls)  # the same bytes go to every master
-        for node in self._nodes:  # write to every master before reading any reply
+        pending: list[Pending | BaseException] = []
+        for node in nodes:  # write to every master before reading any reply
             try:
                 pending.append(node.send(calls, payload))
             except (RedisError, OSError) as exc:
                 pending.append(exc)
         deadline = time.monotonic() + self.options.timeout
         results: list[NodeResult] = []
-        for node, sent in zip(self._nodes, pending, strict=True):
+        failed = False
+        for node, sent in zip(nodes, pending, strict=True):
             repeated = False
-            try:
-                if isinstance(sent, BaseException):
-                    raise sent
-                replies: Any = node.receive(sent, deadline)
-            except RedisConnectionError as exc:
-                replies = exc
-                if idempotent:  # a stale pooled connection: once more on a fresh one
+            replies: list[Any] | BaseException
+            if isinstance(sent, BaseException):  # nothing was sent: no reply to wait for
+                replies = sent
+                if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
                     with contextlib.suppress(RedisError, OSError):
                         replies = node.run(calls, False)
-                        repeated = not isinstance(sent, BaseException)  # sent: it may have run, its reply lost
-            except (RedisError, OSError) as exc:
-                replies = exc
+            else:
+                try:
+                    replies = node.receive(sent, deadline)
+                except RedisConnectionError as exc:
+                    replies = exc
+                    if idempotent:  # a stale pooled connection: once more on a fresh one
+                        with contextlib.suppress(RedisError, OSError):
+                            replies = node.run(calls, False)
+                            repeated = True  # sent: it may have run, only its reply lost
+                except (RedisError, OSError) as exc:
+                    replies = exc
+            failed = failed or isinstance(replies, BaseException)
             results.append(NodeResult(replies, node.state.epoch, repeated))
-        errors = [r.replies if isinstance(r.replies, BaseException) else None for r in results]
-        refused = refused_logins(self.specs, errors, self.need)
-        if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
-            raise refused
+        if failed:  # only a failed master can have refused the login
+            errors = [r.replies if isinstance(r.replies, BaseException) else None for r in results]
+            refused = refused_logins(self.specs, errors, self.need)
+            if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
+                raise refused
         return results
 
-    def _flow(self, name: str, token: str, ttl: float, deadline: float | None) -> Flow[tuple[Grant, Epochs] | None]:
-        keys = self._keys(name)
+    def _flow(
+        self, keys: LockKeys, token: str, ttl: float, deadline: float | None
+    ) -> Flow[tuple[Grant, Epochs] | None]:
         return redlock_acquire_flow(keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay)
 
     def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
@@ -123,9 +136,13 @@ class RedlockDriver:
         raced it on every master."""
         if cancel is not None and cancel.cancelled:
             return None
-        channel = self._keys(name).channel
-        for hub in self._hubs:
-            hub.own_process()
+        keys = self._keys(name)
+        channel = keys.channel
+        pid = os.getpid()
+        if pid != self._pid:  # forked since the hubs last looked (one check here, not one per master)
+            for hub in self._hubs:
+                hub.own_process()
+            self._pid = pid
         # made before the first attempt: its snapshot of the hubs must predate it
         watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel)
 
@@ -139,7 +156,7 @@ class RedlockDriver:
 
         def attempt() -> Grant | None:
             try:
-                return self._granted(token, drive(self._flow(name, token, ttl, deadline), perform))
+                return self._granted(token, drive(self._flow(keys, token, ttl, deadline), perform))
             finally:
                 watcher.close()
 
