@@ -4,6 +4,8 @@
     .venv/bin/python -m benchmarks --quick         # small sizes, for a smoke run
     .venv/bin/python -m benchmarks --only redis    # one driver
 
+    .venv/bin/python -m benchmarks --only async    # the asyncio faces against asyncio floors (bench_async.py)
+
 Each benchmark starts its own throw-away servers on loopback, measures the raw floor in the same run and
 prints medians and ratios. The output replaces the text between ``<!-- measured:begin -->`` and
 ``<!-- measured:end -->`` in docs/benchmarks.md, together with the machine it ran on.
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 QUICK = {
+    "async": ["--ops", "100", "--rounds", "3"],
     "redis": ["--ops", "100", "--rounds", "3", "--contend", "2", "--locks", "1000", "--hold", "4"],
     "zookeeper": ["--rounds", "300", "--many", "1000", "--hold", "4", "--contend", "2"],
     "etcd": ["--rounds", "300", "--many", "1000", "--hold", "4", "--contend", "2"],

@@ -1,0 +1,189 @@
+"""The asyncio faces against asyncio floors (issue 17's "async faces" goal: each ≤ 1.1×).
+
+    .venv/bin/python benchmarks/bench_async.py [--ops 400] [--rounds 5] [--parts redis,redlock,etcd]
+
+Starts its own throw-away servers on loopback (backends/servers.py). Uncontended acquire+release on fresh
+names, one event loop, alternating in blocks of 10 with each face's floor, which does the same raw commands
+the way an asyncio program would without lockkit:
+
+* redis:// (lockkit's own asyncio driver) against redis.asyncio on one bare connection: ``SET NX PX``, read,
+  then ``EVALSHA`` compare-and-delete (script preloaded), read;
+* redlock:// (5 masters) against redis.asyncio on five bare connections: ``SET NX PX`` written to all five,
+  then all replies read, then the same for the ``EVALSHA`` (the 5-master parallel floor, on the loop);
+* etcd://, whose asyncio face is the thread-offload adapter (lockkit.offload.ThreadOffloadDriver), against
+  the raw calls offloaded the same way: the put-if-absent txn under a lease, then the delete txn, each
+  submitted to a thread pool and awaited through ``asyncio.wrap_future``.
+
+Medians, p99 and ratios of medians against the row's floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import platform
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+import redis.asyncio
+
+import lockkit
+from backends.servers import EtcdServer, RedisServer, RedlockServers
+from benchmarks._common import latency_table
+
+CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+Op = Callable[[str], Awaitable[None]]
+
+
+async def ainterleave(ops: dict[str, Op], rounds: int, block: int = 10) -> dict[str, list[float]]:
+    """Time each op ``rounds`` times on fresh names, in alternating blocks of ``block`` (load drift hits all)."""
+    samples: dict[str, list[float]] = {label: [] for label in ops}
+    prefix, counter = uuid.uuid4().hex, 0
+    for op in ops.values():  # warm-up: connections, scripts, the first lease
+        for _ in range(50):
+            counter += 1
+            await op(f"warm:{prefix}:{counter}")
+    while min(len(s) for s in samples.values()) < rounds:
+        for label, op in ops.items():
+            for _ in range(block):
+                counter += 1
+                name = f"bench:{prefix}:{counter}"
+                started = time.perf_counter()
+                await op(name)
+                samples[label].append(time.perf_counter() - started)
+    return samples
+
+
+def via(locks: lockkit.AsyncLocker) -> Op:
+    async def op(name: str) -> None:
+        lock = locks.lock(name, ttl=10)
+        await lock.acquire()
+        await lock.release()
+
+    return op
+
+
+async def _connections(ports: list[int]) -> tuple[list[redis.asyncio.Connection], str]:
+    """Bare redis.asyncio connections, the compare-and-delete script loaded on each."""
+    conns = [redis.asyncio.Connection(port=port) for port in ports]
+    for conn in conns:
+        await conn.connect()
+        await conn.send_command("SCRIPT", "LOAD", CAD)
+    shas = [await conn.read_response() for conn in conns]
+    return conns, shas[0].decode() if isinstance(shas[0], bytes) else str(shas[0])
+
+
+async def redis_part(port: int, url: str, ops: int) -> str:
+    (conn,), sha = await _connections([port])
+
+    async def floor(name: str) -> None:
+        await conn.send_command("SET", name, "token", "NX", "PX", 10_000)
+        assert await conn.read_response() is not None
+        await conn.send_command("EVALSHA", sha, 1, name, "token")
+        await conn.read_response()
+
+    async with lockkit.connect_async(url) as locks:
+        samples = await ainterleave({"redis.asyncio floor": floor, "redis:// async": via(locks)}, ops)
+    await conn.disconnect()
+    return latency_table(samples, unit="µs")
+
+
+async def redlock_part(ports: list[int], url: str, ops: int) -> str:
+    conns, sha = await _connections(ports)
+    need = len(conns) // 2 + 1
+
+    async def floor(name: str) -> None:
+        for conn in conns:
+            await conn.send_command("SET", name, "token", "NX", "PX", 10_000)
+        won = 0
+        for conn in conns:
+            won += await conn.read_response() is not None
+        assert won >= need
+        for conn in conns:
+            await conn.send_command("EVALSHA", sha, 1, name, "token")
+        for conn in conns:
+            await conn.read_response()
+
+    async with lockkit.connect_async(url) as locks:
+        samples = await ainterleave({"5-master asyncio floor": floor, "redlock:// async": via(locks)}, ops)
+    for conn in conns:
+        await conn.disconnect()
+    return latency_table(samples, unit="µs")
+
+
+async def etcd_part(url: str, ops: int) -> str:
+    from lockkit.drivers.etcd.client import EtcdClient, cmp_created, delete_op, rpc
+
+    host, _, port = url.split("://", 1)[1].split("/")[0].split(",")[0].partition(":")
+    client = EtcdClient([(host, int(port or 2379))])
+    lease = client.grant(3600).ID  # not kept alive: it must outlast a slow run (it is revoked at the end)
+    # the same kind of pool, awaited the same way, as lockkit.offload.ThreadOffloadDriver
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="bench-offload")
+
+    async def floor(name: str) -> None:
+        key = f"/bench-raw/{name}".encode()
+        put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=b"t" * 32, lease=lease))
+        create = rpc.TxnRequest(compare=[cmp_created(key, 0)], success=[put])
+        assert (await asyncio.wrap_future(pool.submit(client.txn, create))).succeeded
+        await asyncio.wrap_future(pool.submit(client.txn, rpc.TxnRequest(success=[delete_op(key)])))
+
+    try:
+        async with lockkit.connect_async(url) as locks:
+            samples = await ainterleave({"offloaded raw etcd calls": floor, "etcd:// async": via(locks)}, ops)
+    finally:
+        client.revoke(lease)
+        client.close()
+        pool.shutdown()
+    return latency_table(samples, unit="µs")
+
+
+@contextlib.contextmanager
+def _etcd() -> Iterator[str]:
+    server = EtcdServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, default=400, help="operations per round and variant")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--parts", default="redis,redlock,etcd", help="comma-separated: redis, redlock, etcd")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    ops = args.ops * args.rounds
+    print(
+        f"# lockkit asyncio faces: Python {platform.python_version()}, redis-py {redis.__version__}, "
+        f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}"
+    )
+    sections: list[tuple[str, Callable[[], Any]]] = []
+    with contextlib.ExitStack() as stack:
+        if "redis" in parts:
+            single = stack.enter_context(RedisServer())
+            sections.append(("redis://", lambda: redis_part(single.port, single.url, ops)))
+        if "redlock" in parts:
+            group = stack.enter_context(RedlockServers(5))
+            ports = [server.port for server in group.servers]
+            sections.append(("redlock://", lambda: redlock_part(ports, group.url, ops)))
+        if "etcd" in parts:
+            etcd_url = stack.enter_context(_etcd())
+            sections.append(("etcd://", lambda: etcd_part(etcd_url, ops)))
+        for label, part in sections:
+            table = asyncio.run(part())
+            print(f"\n{table.replace('## Uncontended', f'## {label} asyncio face, uncontended', 1)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
