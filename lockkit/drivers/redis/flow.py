@@ -67,7 +67,7 @@ GRANT_FRESH = 1 / 3
 MAX_QUEUE = 1000
 """Waiters beyond this many per lock are not queued: they re-check at the holder's expiry, unordered."""
 
-SPLIT_SPREAD = 8
+SPLIT_SPREAD = 3
 """Redlock: after a split vote, retry within this many of the failed attempt's round trips (at most
 retry_delay): contenders a round trip apart do not split again."""
 
