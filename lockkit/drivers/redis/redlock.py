@@ -16,8 +16,9 @@ and key layout as the single-node driver are used (:mod:`.scripts`,
 :mod:`.keys`), without the fencing counter. A grant needs a quorum (N // 2 + 1) *and* a
 positive validity, ``ttl − elapsed − (ttl × 0.01 + 2 ms)``, measured from before the first
 request; otherwise the round is undone on *all* masters (a timed-out one may have applied it)
-before waiting: for the release's wake-up when someone holds a quorum, or for a random delay
-after a split vote. A renewal holds only on a quorum within validity, and a master whose
+before waiting: for the release's wake-up when someone holds a quorum, or, after a split vote
+or a race, for a random pause of at most three round trips (and ``retry_delay``) that ignores
+wake-ups, so that the losers do not retry in step. A renewal holds only on a quorum within validity, and a master whose
 ``run_id`` changed since the acquire (it restarted, perhaps without our key) does not count.
 
 **Guarantees and their limits.** Safety rests on timing: bounded clock drift between masters
