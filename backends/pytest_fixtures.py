@@ -3,12 +3,14 @@
 Enable with ``pytest_plugins = ["backends.pytest_fixtures"]`` in the root conftest.
 
 Session-scoped, shared (do not kill/pause/restart these; clean up your own keys):
-``redis_server``, ``redlock_servers`` (5 masters), ``zookeeper_server``, ``etcd_server``.
+``redis_server``, ``redlock_servers`` (5 masters), ``sentinel_set`` (master, 2 replicas, 3 sentinels),
+``zookeeper_server``, ``etcd_server``.
 
 Function-scoped factories, for tests that kill, pause or restart a server; every
 server or proxy they create is stopped at teardown, even when the test fails:
 ``fresh_redis(**kw)``, ``fresh_redlock(n=5, **kw)``, ``fresh_zookeeper(**kw)``,
-``fresh_etcd(**kw)``, ``fresh_etcd_cluster(n=3, **kw)``, ``fault_proxy(server_or_host, port=None, **kw)``.
+``fresh_etcd(**kw)``, ``fresh_etcd_cluster(n=3, **kw)``, ``fresh_sentinel(replicas=2, sentinels=3, **kw)``,
+``fault_proxy(server_or_host, port=None, **kw)``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from backends.servers import (
     EtcdServer,
     RedisServer,
     RedlockServers,
+    SentinelSet,
     Server,
     ZooKeeperServer,
 )
@@ -35,9 +38,11 @@ __all__ = [
     "fresh_etcd_cluster",
     "fresh_redis",
     "fresh_redlock",
+    "fresh_sentinel",
     "fresh_zookeeper",
     "redis_server",
     "redlock_servers",
+    "sentinel_set",
     "zookeeper_server",
 ]
 
@@ -49,6 +54,7 @@ RedlockFactory = Callable[..., RedlockServers]
 ZooKeeperFactory = Callable[..., ZooKeeperServer]
 EtcdFactory = Callable[..., EtcdServer]
 EtcdClusterFactory = Callable[..., EtcdCluster]
+SentinelFactory = Callable[..., SentinelSet]
 ProxyFactory = Callable[..., FaultProxy]
 
 
@@ -84,6 +90,17 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redlock_servers() -> Iterator[RedlockServers]:
     group = RedlockServers(5)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel_set() -> Iterator[SentinelSet]:
+    """A master, two replicas and three sentinels (service ``mymaster``); do not kill its members."""
+    group = SentinelSet()
     try:
         group.start()
         yield group
@@ -144,6 +161,12 @@ def fresh_etcd() -> Iterator[EtcdFactory]:
 def fresh_etcd_cluster() -> Iterator[EtcdClusterFactory]:
     """``fresh_etcd_cluster(n=3, **kw)`` -> a started EtcdCluster (a cluster, not a server: tests kill its leader)."""
     yield from _own(EtcdCluster)
+
+
+@pytest.fixture
+def fresh_sentinel() -> Iterator[SentinelFactory]:
+    """``fresh_sentinel(replicas=2, sentinels=3, **kw)`` -> a started SentinelSet, for tests that kill its master."""
+    yield from _own(SentinelSet)
 
 
 @pytest.fixture

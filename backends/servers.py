@@ -49,6 +49,8 @@ __all__ = [
     "EtcdServer",
     "RedisServer",
     "RedlockServers",
+    "SentinelServer",
+    "SentinelSet",
     "Server",
     "ServerError",
     "ServerNotReady",
@@ -76,6 +78,7 @@ R = TypeVar("R", bound="RedlockServers")
 M = TypeVar("M", bound="Server")
 G = TypeVar("G", bound="ServerGroup[Any]")
 C = TypeVar("C", bound="EtcdCluster")
+SS = TypeVar("SS", bound="SentinelSet")
 
 
 class ServerError(RuntimeError):
@@ -669,6 +672,215 @@ def start_redis_masters(n: int = 5, **redis_kwargs: object) -> list[RedisServer]
     """Start ``n`` independent Redis masters; on failure, stops the ones already started."""
     group = RedlockServers(n, **redis_kwargs).start()
     return list(group.servers)
+
+
+# --------------------------------------------------------------------------- Redis Sentinel
+
+
+class SentinelServer(Server):
+    """``redis-sentinel`` watching one master as ``service``; it rewrites its config file, so it gets its own."""
+
+    name = "sentinel"
+
+    def __init__(
+        self,
+        master: tuple[str, int],
+        *,
+        service: str = "mymaster",
+        quorum: int = 2,
+        down_after_ms: int = 500,
+        failover_timeout_ms: int = 3000,
+        password: str | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> None:
+        super().__init__(ready_timeout=ready_timeout)
+        self.master = master
+        self.service = service
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.password = password
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "sentinel.conf"
+
+    def _prepare(self) -> None:
+        host, port = self.master
+        lines = [
+            f"port {self.port}",
+            f"bind {self.host}",
+            "daemonize no",
+            'logfile ""',
+            f"dir {self.data_dir}",
+            "protected-mode no",
+            f"sentinel monitor {self.service} {host} {port} {self.quorum}",
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+            f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}",
+            f"sentinel parallel-syncs {self.service} 2",
+        ]
+        if self.password is not None:
+            lines.append(f"requirepass {self.password}")
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _command(self) -> list[str]:
+        return [_require_binary("redis-sentinel"), str(self.config_path)]
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://{self.host}:{self.port}/{self.service}/0"
+
+    def probe(self, timeout: float = 0.5) -> bool:
+        return RedisServer.probe(self, timeout)  # type: ignore[arg-type]  # same PING (and AUTH) on a socket
+
+    def ask(self, *command: str) -> Any:
+        """One command to this sentinel (redis-py, decoded replies)."""
+        import redis
+
+        client = redis.Redis(self.host, self.port, password=self.password, socket_timeout=2, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+
+def _redis_ask(server: RedisServer, *command: str) -> Any:
+    import redis
+
+    client = redis.Redis(server.host, server.port, socket_timeout=2, decode_responses=True)
+    try:
+        return client.execute_command(*command)
+    finally:
+        client.close()
+
+
+class SentinelSet(ServerGroup[Server]):
+    """One master, ``replicas`` replicas of it and ``sentinels`` sentinels watching them, all on loopback.
+
+    ``start`` returns once every sentinel knows every replica and every other sentinel (so that a failover
+    can be voted) and every replica is in sync. Members are stopped by PID like every server here;
+    ``kill_master`` SIGKILLs the current master, ``wait_for_failover`` waits until the sentinels name another.
+    """
+
+    def __init__(
+        self,
+        replicas: int = 2,
+        sentinels: int = 3,
+        *,
+        service: str = "mymaster",
+        down_after_ms: int = 500,
+        failover_timeout_ms: int = 3000,
+    ) -> None:
+        self.n_replicas, self.n_sentinels = replicas, sentinels
+        self.service = service
+        self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        self.members = []
+        self.redis: list[RedisServer] = []
+        self.sentinels: list[SentinelServer] = []
+
+    def start(self: SS) -> SS:
+        try:
+            # No delay before a diskless full sync (5 s by default): the replicas are in sync at once.
+            sync = ["--repl-diskless-sync-delay", "0"]
+            master = RedisServer(extra_args=sync)
+            self.members.append(master)
+            self.redis.append(master.start())
+            for _ in range(self.n_replicas):
+                replica = RedisServer(extra_args=[*sync, "--replicaof", master.host, str(master.port)])
+                self.members.append(replica)
+                self.redis.append(replica.start())
+            for _ in range(self.n_sentinels):
+                sentinel = SentinelServer(
+                    master.address,
+                    service=self.service,
+                    quorum=self.n_sentinels // 2 + 1,
+                    down_after_ms=self.down_after_ms,
+                    failover_timeout_ms=self.failover_timeout_ms,
+                )
+                self.members.append(sentinel)
+                self.sentinels.append(sentinel.start())
+            self.wait_settled()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_settled(self, timeout: float = 20.0) -> None:
+        """Until every running sentinel sees the expected replicas and sentinels, and the replicas are synced."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._settled():
+                    return
+            except Exception:  # a server still starting: ask again
+                pass
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(f"sentinel set {self.service!r}: not settled after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _settled(self) -> bool:
+        live = [s for s in self.sentinels if s.running]
+        replicas = [r for r in self.redis[1:] if r.running]
+        for replica in replicas:  # synced, as its own INFO says (a sentinel refreshes its view only every 10 s)
+            if _redis_ask(replica, "INFO", "replication").get("master_link_status") != "up":
+                return False
+        for sentinel in live:
+            record = sentinel.ask("SENTINEL", "MASTER", self.service)
+            if int(record["num-other-sentinels"]) < len(live) - 1 or "s_down" in record["flags"]:
+                return False
+            if int(record["num-slaves"]) < len(replicas):
+                return False
+        return True
+
+    @property
+    def url(self) -> str:
+        """``redis+sentinel://s1,s2,s3/SERVICE/0``."""
+        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def master_address(self) -> tuple[str, int]:
+        """Where the first answering sentinel says the master is."""
+        for sentinel in self.sentinels:
+            if sentinel.running:
+                with contextlib.suppress(Exception):
+                    host, port = sentinel.ask("SENTINEL", "get-master-addr-by-name", self.service)
+                    return host, int(port)
+        raise ServerError(f"sentinel set {self.service!r}: no sentinel answered")
+
+    def master(self) -> RedisServer:
+        address = self.master_address()
+        for server in self.redis:
+            if server.running and server.address == address:
+                return server
+        raise ServerError(f"sentinel set {self.service!r}: the named master {address} is not running")
+
+    def kill_master(self) -> RedisServer:
+        """SIGKILL the current master (by PID); returns it."""
+        master = self.master()
+        master.kill()
+        return master
+
+    def wait_for_failover(self, old: tuple[str, int], timeout: float = 20.0) -> tuple[str, int]:
+        """Until every running sentinel names a master other than ``old``; the new master's address."""
+        deadline = time.monotonic() + timeout
+        while True:
+            named = set()
+            for sentinel in self.sentinels:
+                if sentinel.running:
+                    with contextlib.suppress(Exception):
+                        host, port = sentinel.ask("SENTINEL", "get-master-addr-by-name", self.service)
+                        named.add((host, int(port)))
+            if len(named) == 1 and old not in named:
+                return named.pop()
+            if time.monotonic() >= deadline:
+                raise ServerError(f"sentinel set {self.service!r}: no failover from {old} after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGKILL every member (by PID) and delete its directory: the data is thrown away anyway, and a
+        master stopped gracefully first could hand the sentinels a failover in the middle of the teardown."""
+        self._stop_members(kill_first=True)
+        self.redis, self.sentinels = [], []
 
 
 # --------------------------------------------------------------------------- ZooKeeper

@@ -6,12 +6,14 @@ Several hosts are separated by commas (Redlock masters, ZooKeeper and etcd
 members); IPv6 hosts go in brackets (``[::1]:2379``); user and password are
 percent-decoded, so a password containing ``@:/`` is written ``%40%3A%2F``.
 A :class:`BackendURL` never shows its password: ``str`` and ``repr`` print
-``***`` in its place, and so does every error message built from it.
+``***`` in its place, and so does every error message built from it. The same holds for every option whose
+name ends in ``password`` (``sentinel_password=``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -40,7 +42,7 @@ class BackendURL:
         if self.username or self.password:
             auth = (self.username or "") + (":***" if self.password else "") + "@"
         hosts = ",".join(_format_host(h, p) for h, p in self.hosts)
-        query = "&".join(f"{k}={v}" for k, v in self.options.items())
+        query = "&".join(f"{k}={'***' if _secret(k) else v}" for k, v in self.options.items())
         return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")
 
     def __repr__(self) -> str:
@@ -48,6 +50,14 @@ class BackendURL:
 
     def host_port(self, default_port: int) -> list[tuple[str, int]]:
         return [(h, p if p is not None else default_port) for h, p in self.hosts]
+
+
+def _secret(option: str) -> bool:
+    """An option whose value is a secret (``sentinel_password``), masked wherever a URL is shown."""
+    return option.lower().endswith("password")
+
+
+_SECRET_OPTION = re.compile(r"([?&][^=&#]*password=)[^&#]*", re.IGNORECASE)
 
 
 def _format_host(host: str, port: int | None) -> str:
@@ -62,6 +72,7 @@ def redact(url: str) -> str:
     one of those characters left unencoded (``app:pa/ss@host``) would otherwise read as a host followed by a
     path, and be shown in full. Masking too much (an ``@`` in a query value) hides a host name, never a secret.
     """
+    url = _SECRET_OPTION.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest or rest.startswith("/"):
         return url  # no authority ("file:///dir@x"): no userinfo either

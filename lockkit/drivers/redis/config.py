@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError
 
 from ...errors import ConfigError
@@ -23,7 +24,16 @@ from ...urls import BackendURL, parse_options
 from .keys import DEFAULT_PREFIX, check_prefix
 from .scripts import ALL
 
-__all__ = ["NodeSpec", "NodeState", "RedisOptions", "RedlockOptions", "apply_hello", "hello_commands"]
+__all__ = [
+    "NodeSpec",
+    "NodeState",
+    "NotMaster",
+    "RedisOptions",
+    "RedlockOptions",
+    "SentinelOptions",
+    "apply_hello",
+    "hello_commands",
+]
 
 log = logging.getLogger("lockkit")
 DEFAULT_PORT = 6379
@@ -70,6 +80,20 @@ class RedisOptions(_Common):
 
 
 @dataclass(frozen=True)
+class SentinelOptions(RedisOptions):
+    sentinel_username: str | None = None
+    """The sentinels' ACL user (the URL's user and password are the master's)."""
+    sentinel_password: str | None = field(default=None, repr=False)
+    failover_wait: float = 5.0
+    """How long one call waits for the sentinels to name a reachable master before BackendUnavailable."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.failover_wait > 0:
+            raise ConfigError("option failover_wait must be > 0 seconds")
+
+
+@dataclass(frozen=True)
 class RedlockOptions(_Common):
     timeout: float = 0.25
     connect_timeout: float = 0.25
@@ -93,6 +117,8 @@ class NodeSpec:
     password: str | None = field(repr=False)
     tls: bool
     options: _Common
+    require_master: bool = False
+    """Check ROLE in the hello, alone before anything else is sent (Sentinel: never write to a replica)."""
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The TLS settings of this server's connections, or None without TLS."""
@@ -205,15 +231,23 @@ class NodeState:
     warned: set[str] = field(default_factory=set)
     refused: ConfigError | None = None
     """Set once ``strict`` refused the server: every later operation fails without I/O."""
+    require_master: bool = False
+
+
+class NotMaster(RedisConnectionError):
+    """The server a Sentinel named is not (or no longer) a master: nothing was sent; ask the sentinels again."""
 
 
 _INFO = ("INFO", "server")
 _POLICY = ("CONFIG", "GET", "maxmemory-policy")
+_ROLE = ("ROLE",)
 
 
 def hello_commands(state: NodeState) -> list[tuple[Any, ...]]:
     """What a fresh connection sends before its first command (pipelined with it)."""
     commands: list[tuple[Any, ...]] = [_INFO, _POLICY]
+    if state.require_master:
+        commands.append(_ROLE)
     if state.run_id is None:
         commands += [("SCRIPT", "LOAD", script.source) for script in ALL]
     return commands
@@ -226,8 +260,14 @@ def _warn_once(state: NodeState, key: str, message: str, *args: object) -> None:
 
 
 def apply_hello(state: NodeState, replies: Sequence[Any]) -> None:
-    """Learn the run_id and check the eviction policy; raise ConfigError if ``strict`` refuses."""
+    """Learn the run_id and check the eviction policy; raise ConfigError if ``strict`` refuses, and
+    :class:`NotMaster` if ``require_master`` and the server is a replica."""
     info, policy = replies[0], replies[1]
+    if state.require_master:
+        role = replies[2]
+        if not (isinstance(role, list) and role and role[0] == b"master"):
+            shown = role[0].decode() if isinstance(role, list) and role and isinstance(role[0], bytes) else role
+            raise NotMaster(f"redis {state.label} is not a master (ROLE says {shown}); asking the sentinels again")
     if isinstance(info, bytes):
         for line in info.split(b"\r\n"):
             if line.startswith(b"run_id:"):

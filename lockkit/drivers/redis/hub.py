@@ -212,6 +212,13 @@ class Hub:
                 conn.drop()  # the reader fails and the hub reconnects, waking everyone
                 return
 
+    def retarget(self, spec: NodeSpec) -> None:
+        """Connect to ``spec``'s server from the next (re)connection on (Sentinel: the master moved). The current
+        connection is left alone: the old master is dead or demoted, and Sentinel closes a demoted master's
+        clients, so it breaks by itself, and the reconnection re-subscribes on the new master and wakes every
+        waiter to look again there."""
+        self._spec = spec
+
     async def _run(self) -> None:
         backoff = 0.05
         woken = False  # everyone was woken because a connection failed or dropped

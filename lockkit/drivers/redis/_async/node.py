@@ -9,7 +9,8 @@
 * connections come from this face's pool (``primitives``) and are lockkit's own (:mod:`.connection`);
 * a fresh connection prepends its hello (``INFO server``, ``CONFIG GET``, and
   ``SCRIPT LOAD`` the first time) to the first commands it carries; with
-  ``strict=true`` the hello goes alone first, so a refused server runs nothing;
+  ``strict=true`` the hello goes alone first, so a refused server runs nothing, and so it does with
+  ``require_master`` (Sentinel), whose hello also asks ``ROLE``, so a replica is never sent a write;
 * a ``NOSCRIPT`` reply reloads the script and runs the failed calls again on the
   same connection (``NOSCRIPT`` means they did not run);
 * a connection error is retried once on a fresh connection only for idempotent
@@ -47,7 +48,7 @@ class Pending:
 class AsyncNode:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
-        self.state = NodeState(spec.label, spec.options.strict)
+        self.state = NodeState(spec.label, spec.options.strict, require_master=spec.require_master)
         o = spec.options
         self.pool = AsyncConnectionPool(lambda: AsyncConnection(spec), o.pool_size, o.connect_timeout + o.timeout)
 
@@ -61,7 +62,9 @@ class AsyncNode:
             if conn.fresh:
                 conn.fresh = False
                 hello = hello_commands(self.state)
-                if self.state.strict:  # check before anything runs: a refused server must not take locks
+                # Check before anything runs: a refused server must not take locks, and a lock write must never
+                # reach a replica that a Sentinel still named as the master.
+                if self.state.strict or self.state.require_master:
                     await conn.send(pack(hello))
                     apply_hello(self.state, await conn.read(len(hello), time.monotonic() + self.spec.options.timeout))
                     hello = []

@@ -22,10 +22,15 @@ from ..hub import Hub, Snapshot
 from ..watch import AsyncWatcher
 from .connection import AsyncConnection
 
-__all__ = ["AsyncBackground", "AsyncConnectionPool"]
+__all__ = ["AsyncBackground", "AsyncConnectionPool", "pause"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+async def pause(seconds: float) -> None:
+    """Wait a little before trying again (Sentinel: between questions while a failover is under way)."""
+    await asyncio.sleep(seconds)
 
 
 def _fail(waiter: asyncio.Future[Any], error: Exception) -> None:

@@ -9,6 +9,7 @@ is its asyncio twin, with the same names).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
@@ -17,10 +18,15 @@ from ..hub import Hub, LoopThread, Snapshot
 from ..pool import ConnectionPool
 from ..watch import SyncWatcher
 
-__all__ = ["Background", "ConnectionPool"]
+__all__ = ["Background", "ConnectionPool", "pause"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+def pause(seconds: float) -> None:
+    """Wait a little before trying again (Sentinel: between questions while a failover is under way)."""
+    time.sleep(seconds)
 
 
 class Background:

@@ -1,0 +1,244 @@
+"""The Sentinel-managed Redis driver (``redis+sentinel://``, ``rediss+sentinel://``): :class:`AsyncSentinelDriver`.
+
+This file is the source of the blocking :class:`SentinelDriver` too (``scripts/unasync.py`` generates
+``../_sync/sentinel.py``). It is the single-node driver (:mod:`.single`) pointed at whatever master the
+sentinels name, with three additions; the URL, guarantees and the failover story are documented in
+:mod:`lockkit.drivers.redis.sentinel`:
+
+* **following the master**: every call runs on the current master's node; a call that cannot have run there
+  (the connection was refused or broke before it was sent, the server is no longer a master — the ROLE check
+  of every fresh connection, a ``READONLY`` reply — or it is still ``LOADING``) asks the sentinels again and
+  runs on the master they name, for up to ``failover_wait`` seconds; an idempotent call (renew, release,
+  holder) is retried also after its connection broke under it. An acquire that was sent and lost its reply is
+  never resent: that is a :class:`~lockkit.BackendUnavailable`, as on ``redis://``;
+* **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
+  wakes every waiter, which looks again there;
+* **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
+  with the sentinels' config-epoch of the master that granted them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from redis.exceptions import AuthenticationError, BusyLoadingError, ReadOnlyError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ....errors import BackendUnavailable
+from ....lease import token_hint
+from ....urls import BackendURL
+from ...epoch import composite_token
+from ..calls import Call
+from ..errors import translate
+from ..flow import checked, release_call
+from ..scripts import FAIR_HOLDER
+from ..sentinel_config import SentinelTarget, sentinel_target
+from .node import AsyncNode
+from .primitives import pause
+from .sentinels import AsyncSentinels
+from .single import AsyncRedisDriver
+
+__all__ = ["GUARANTEES", "AsyncSentinelDriver"]
+
+log = logging.getLogger("lockkit")
+
+GUARANTEES = Guarantees(
+    scope="single-node",
+    fifo=True,
+    fencing="strict",
+    survives_failover=False,
+    lifetime="ttl",
+    note="One Redis master at a time, followed across Sentinel failovers; replication is asynchronous, so a "
+    "grant that had not reached the promoted replica is lost and a second client can take the lock "
+    "(min_replicas=N narrows this to grants no replica acknowledged). Fencing tokens carry the sentinels' "
+    "config-epoch (epoch << 48 | counter), so they stay increasing across failovers.",
+)
+
+
+class _Again(Exception):
+    """The calls did not run on the master (or, ``sent``, may have run and are idempotent): ask the sentinels."""
+
+    def __init__(self, why: BaseException, sent: bool) -> None:
+        super().__init__(str(why))
+        self.why, self.sent = why, sent
+
+
+def _moved(replies: Sequence[Any]) -> BaseException | None:
+    """A reply that says the server is a replica now: nothing of the calls was written."""
+    for reply in replies:
+        if isinstance(reply, ReadOnlyError):
+            return reply
+    return None
+
+
+class AsyncSentinelDriver(AsyncRedisDriver):
+    guarantees: ClassVar[Guarantees] = GUARANTEES
+
+    def __init__(self, target: SentinelTarget, ctx: DriverContext) -> None:
+        super().__init__(target.template, target.options, ctx)
+        self.target = target
+        self._sentinels = AsyncSentinels(target)
+        self._where: tuple[str, int, int] | None = None
+        """(host, port, config epoch) of the master the current node talks to; None until first asked."""
+        self._epoch = 0
+        self._generation = 0
+        """Bumped at every change of master: a caller that saw an older one knows someone already followed."""
+        self._retired: list[AsyncNode] = []
+
+    @classmethod
+    def from_url(cls, url: BackendURL, ctx: DriverContext) -> AsyncSentinelDriver:
+        return cls(sentinel_target(url), ctx)
+
+    # -- following the master ---------------------------------------------------------------
+
+    async def _follow(self, seen: int) -> None:
+        """Ask the sentinels; switch to the master they name if it is not the one of generation ``seen``."""
+        if seen != self._generation and self._where is not None:
+            return  # another caller followed already
+        master = await self._sentinels.locate()
+        where = (master.host, master.port, master.epoch)
+        if where == self._where:
+            return
+        if self._where is not None:
+            log.warning(
+                "lockkit: the sentinels name %s:%d as the master of %r now (config epoch %d, was %d)",
+                master.host, master.port, self.target.service, master.epoch, self._epoch,
+            )  # fmt: skip
+            # Not closed here: another thread or task may be mid-call on it. Its server is gone or demoted
+            # (Sentinel kills a demoted master's clients), so its connections die anyway; close() ends them.
+            self._retired.append(self._node)
+        spec = self.target.master(master.host, master.port)
+        self.spec, self._node, self._epoch, self._where = spec, AsyncNode(spec), master.epoch, where
+        self._generation += 1
+        self._hub.retarget(spec)
+
+    async def _located(self) -> None:
+        if self._where is None:
+            await self._run_on([Call(None, (), ("PING",))], True)
+
+    async def _attempt(self, node: AsyncNode, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        try:
+            pending = await node.send(calls)
+        except AuthenticationError as exc:
+            raise translate(node.spec, exc) from exc
+        except RedisConnectionError as exc:  # refused, reset before sending, or ROLE said replica: nothing ran
+            raise _Again(exc, sent=False) from exc
+        except RedisError as exc:
+            raise translate(node.spec, exc) from exc
+        try:
+            replies = await node.receive(pending, time.monotonic() + self.options.timeout)
+        except BusyLoadingError as exc:  # still loading its data set: it ran nothing
+            raise _Again(exc, sent=False) from exc
+        except RedisConnectionError as exc:
+            if idempotent:
+                raise _Again(exc, sent=True) from exc
+            raise translate(node.spec, exc) from exc
+        except RedisError as exc:
+            raise translate(node.spec, exc) from exc
+        moved = _moved(replies)
+        if moved is not None:
+            raise _Again(moved, sent=False)
+        return replies
+
+    async def _run_on(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+        """The replies of ``calls`` from the master, that master's config epoch, and whether the calls may have
+        run twice (an idempotent call retried after its connection broke under it)."""
+        give_up = time.monotonic() + self.target.options.failover_wait
+        backoff = 0.05
+        repeated = False
+        last: BaseException | None = None
+        while True:
+            generation = self._generation
+            if self._where is not None:
+                node, epoch = self._node, self._epoch
+                try:
+                    return await self._attempt(node, calls, idempotent), epoch, repeated
+                except _Again as again:
+                    repeated = repeated or again.sent
+                    last = again.why
+            if time.monotonic() >= give_up:
+                raise BackendUnavailable(
+                    f"redis+sentinel {self.target.service!r}: no reachable master within failover_wait="
+                    f"{self.target.options.failover_wait:g} s (sentinels {self.target.tried}); last error: {last}. "
+                    "A failover may still be under way: retry, or raise failover_wait"
+                )
+            try:
+                await self._follow(generation)
+            except BackendUnavailable as exc:  # no sentinel answered: keep trying until give_up
+                last = exc
+            else:
+                if self._generation != generation:
+                    continue  # a new master: try it at once
+            await pause(backoff)
+            backoff = min(0.5, backoff * 2)
+
+    async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+        replies, _, _ = await self._run_on(calls, idempotent)
+        return replies
+
+    # -- fencing tokens lifted by the master's epoch -------------------------------------
+
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        await self._located()
+        generation, epoch = self._generation, self._epoch
+        grant = await super().acquire(name, token, ttl, deadline, cancel)
+        if grant is None:
+            return None
+        if self._generation == generation:
+            return Grant(composite_token(epoch, grant.fencing_token), grant.ttl, grant.sent_at)
+        return await self._confirm(name, token, grant)
+
+    async def _confirm(self, name: str, token: str, grant: Grant) -> Grant:
+        """The master changed while we acquired: the grant came from the old one or the new one, so its token's
+        epoch is unknown. Ask the current master whether it holds the lock for us, and lift its fence by its epoch
+        (a guess could rank an old master's token above a new master's holder)."""
+        replies, epoch, _ = await self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())], True)
+        held, _, fence, _ = checked(replies[0], self.spec.label, "holder")
+        if held is None or held.decode() != token or not fence:
+            raise BackendUnavailable(
+                f"redis+sentinel {self.target.service!r}: {name!r} was granted while the master failed over, and "
+                "the promoted master does not have the grant (asynchronous replication lost it); this client "
+                "does not hold the lock: acquire it again"
+            )
+        return Grant(composite_token(epoch, int(fence)), grant.ttl, grant.sent_at)
+
+    async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
+        sent_at = self.clock()
+        replies, epoch, _ = await self._run_on(self._renew_calls(requests), True)
+        results: list[Grant | Exception | None] = []
+        for request, reply in zip(requests, replies, strict=False):
+            try:
+                fence = checked(reply, self.spec.label, "renew")
+            except BackendUnavailable as exc:
+                results.append(exc)
+                continue
+            results.append(Grant(composite_token(epoch, fence), request.ttl, sent_at) if fence >= 0 else None)
+        return results
+
+    async def release(self, name: str, token: str) -> bool:
+        replies, _, repeated = await self._run_on([release_call(self._keys(name), token)], True)
+        return self._released(name, replies[0], repeated)
+
+    async def holder(self, name: str) -> HolderInfo:
+        replies, epoch, _ = await self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())], True)
+        token, pttl, fence, waiters = checked(replies[0], self.spec.label, "holder")
+        if token is None:
+            return HolderInfo(False, waiters=waiters)
+        ttl_left = pttl / 1000 if pttl >= 0 else None
+        lifted = composite_token(epoch, int(fence)) if fence else None
+        return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
+
+    async def close(self) -> None:
+        await super().close()
+        for node in self._retired:
+            await node.close()
+        self._retired.clear()
+
+    def __repr__(self) -> str:
+        return f"AsyncSentinelDriver({self.target.service!r} via {self.target.tried})"

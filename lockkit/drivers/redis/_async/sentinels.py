@@ -1,0 +1,70 @@
+"""Asking the sentinels where the master of a service is: :class:`AsyncSentinels`.
+
+This file is the source of the blocking ``SyncSentinels`` too (``scripts/unasync.py`` generates
+``../_sync/sentinels.py``). Each question is a short-lived connection of lockkit's own (:mod:`.connection`) to
+one sentinel: questions are rare (the first call, and after the master failed or moved), so no pool is kept.
+The sentinels are tried in the URL's order, and the first that answers is moved to the front, so that a dead
+sentinel costs a connect timeout once rather than on every question.
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis.exceptions import AuthenticationError, RedisError
+
+from ....errors import BackendUnavailable, ConfigError
+from ..calls import pack
+from ..errors import translate
+from ..sentinel_config import Master, SentinelTarget, parse_master_reply, resolve_commands
+from .connection import AsyncConnection
+
+__all__ = ["AsyncSentinels"]
+
+
+class AsyncSentinels:
+    def __init__(self, target: SentinelTarget) -> None:
+        self.target = target
+        self._order = list(target.sentinels)
+
+    async def locate(self) -> Master:
+        """The master the first answering sentinel names.
+
+        :class:`ConfigError` if every sentinel that answered does not know the service (or refused the login);
+        :class:`BackendUnavailable` listing the sentinels tried if none answered."""
+        commands = resolve_commands(self.target.service)
+        unknown: list[str] = []
+        failures: list[str] = []
+        for spec in list(self._order):
+            conn = AsyncConnection(spec)
+            try:
+                await conn.connect()
+                await conn.send(pack(commands))
+                replies = await conn.read(len(commands), time.monotonic() + spec.options.timeout)
+            except AuthenticationError as exc:
+                raise ConfigError(
+                    f"sentinel {spec.label} refused the login of user {spec.username or 'default'!r} ({exc}); "
+                    "set the options sentinel_username and sentinel_password (the URL's user and password are "
+                    "the master's)"
+                ) from exc
+            except RedisError as exc:
+                failures.append(str(translate(spec, exc)))
+                continue
+            finally:
+                await conn.close()
+            master = parse_master_reply(replies)
+            if master is None:
+                unknown.append(spec.label)
+                continue
+            self._order.remove(spec)
+            self._order.insert(0, spec)
+            return master
+        if unknown:
+            raise ConfigError(
+                f"sentinel{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} know{'' if len(unknown) > 1 else 's'} "
+                f"no master named {self.target.service!r}: check the service name in the URL's path "
+                "(SENTINEL MASTERS lists them)"
+            )
+        raise BackendUnavailable(
+            f"no sentinel answered for {self.target.service!r} (tried {self.target.tried}): " + "; ".join(failures)
+        )
