@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the servers used by lockkit's integration tests (Debian/Ubuntu, apt).
 # Idempotent: installs only what is missing; prints nothing when all is present.
-#   redis-server, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE,
+#   redis-server, redis-sentinel, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE,
 #   libcurator-recipes-java and a JDK with javac (tests/test_interop_curator.py compiles a Curator client),
 #   prometheus (for promtool: the alert rules of monitoring/ are checked and unit-tested)
 set -euo pipefail
@@ -23,6 +23,7 @@ check() {  # check PACKAGE TEST...
 have_cmd() { command -v "$1"; }
 
 check redis-server have_cmd redis-server
+check redis-sentinel have_cmd redis-sentinel   # tests/test_sentinel*.py: a master, two replicas, three sentinels
 check zookeeper test -f /usr/share/java/zookeeper.jar
 check etcd-server have_cmd etcd
 check etcd-client have_cmd etcdctl
@@ -76,7 +77,7 @@ if [ ${#others[@]} -gt 0 ]; then
 fi
 
 fail=0
-for cmd in redis-server etcd etcdctl java javac promtool; do
+for cmd in redis-server redis-sentinel etcd etcdctl java javac promtool; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         echo "backends/install.sh: $cmd still missing after install" >&2
         fail=1
