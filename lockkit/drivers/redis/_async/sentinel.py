@@ -8,9 +8,8 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 * **following the master**: every call runs on the current master's node; a call that cannot have run there
   (the connection was refused or broke before it was sent, the server is no longer a master — the ROLE check
   of every fresh connection, a ``READONLY`` reply — or it is still ``LOADING``) asks the sentinels again and
-  runs on the master they name, for up to ``failover_wait`` seconds; an idempotent call (renew, release,
-  holder) is retried also after its connection broke under it. An acquire that was sent and lost its reply is
-  never resent: that is a :class:`~lockkit.BackendUnavailable`, as on ``redis://``;
+  runs on the master they name, for up to ``failover_wait`` seconds; so does a call whose connection broke
+  after it was sent (see :meth:`AsyncSentinelDriver._attempt` for why even an acquire may go again);
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
 * **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
@@ -60,7 +59,8 @@ GUARANTEES = Guarantees(
 
 
 class _Again(Exception):
-    """The calls did not run on the master (or, ``sent``, may have run and are idempotent): ask the sentinels."""
+    """The calls did not run on the master (or, ``sent``, may have run; they are safe to send again): ask the
+    sentinels."""
 
     def __init__(self, why: BaseException, sent: bool) -> None:
         super().__init__(str(why))
@@ -118,9 +118,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
 
     async def _located(self) -> None:
         if self._where is None:
-            await self._run_on([Call(None, (), ("PING",))], True)
+            await self._run_on([Call(None, (), ("PING",))])
 
-    async def _attempt(self, node: AsyncNode, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+    async def _attempt(self, node: AsyncNode, calls: Sequence[Call]) -> list[Any]:
         try:
             pending = await node.send(calls)
         except AuthenticationError as exc:
@@ -134,9 +134,12 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         except BusyLoadingError as exc:  # still loading its data set: it ran nothing
             raise _Again(exc, sent=False) from exc
         except RedisConnectionError as exc:
-            if idempotent:
-                raise _Again(exc, sent=True) from exc
-            raise translate(node.spec, exc) from exc
+            # Sent, and the reply lost (most often: the master died under it). Every call of these drivers may
+            # go again, even an acquire: the fair acquire script finds its own token and only extends it (a
+            # grant that did happen is returned, never a second one), renew, release and leave are owner-checked,
+            # and a repeated WAIT only waits. Unlike redis://, where there is nowhere else to go, a failover makes
+            # "try once more, on the master the sentinels name now" the way to serve the caller.
+            raise _Again(exc, sent=True) from exc
         except RedisError as exc:
             raise translate(node.spec, exc) from exc
         moved = _moved(replies)
@@ -144,9 +147,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
             raise _Again(moved, sent=False)
         return replies
 
-    async def _run_on(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+    async def _run_on(self, calls: Sequence[Call]) -> tuple[list[Any], int, bool]:
         """The replies of ``calls`` from the master, that master's config epoch, and whether the calls may have
-        run twice (an idempotent call retried after its connection broke under it)."""
+        run twice (sent again after their connection broke under them)."""
         give_up = time.monotonic() + self.target.options.failover_wait
         backoff = 0.05
         repeated = False
@@ -156,7 +159,7 @@ class AsyncSentinelDriver(AsyncRedisDriver):
             if self._where is not None:
                 node, epoch = self._node, self._epoch
                 try:
-                    return await self._attempt(node, calls, idempotent), epoch, repeated
+                    return await self._attempt(node, calls), epoch, repeated
                 except _Again as again:
                     repeated = repeated or again.sent
                     last = again.why
@@ -177,7 +180,8 @@ class AsyncSentinelDriver(AsyncRedisDriver):
             backoff = min(0.5, backoff * 2)
 
     async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        replies, _, _ = await self._run_on(calls, idempotent)
+        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`)."""
+        replies, _, _ = await self._run_on(calls)
         return replies
 
     # -- fencing tokens lifted by the master's epoch -------------------------------------
@@ -198,7 +202,7 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         """The master changed while we acquired: the grant came from the old one or the new one, so its token's
         epoch is unknown. Ask the current master whether it holds the lock for us, and lift its fence by its epoch
         (a guess could rank an old master's token above a new master's holder)."""
-        replies, epoch, _ = await self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())], True)
+        replies, epoch, _ = await self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())])
         held, _, fence, _ = checked(replies[0], self.spec.label, "holder")
         if held is None or held.decode() != token or not fence:
             raise BackendUnavailable(
@@ -210,7 +214,7 @@ class AsyncSentinelDriver(AsyncRedisDriver):
 
     async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self.clock()
-        replies, epoch, _ = await self._run_on(self._renew_calls(requests), True)
+        replies, epoch, _ = await self._run_on(self._renew_calls(requests))
         results: list[Grant | Exception | None] = []
         for request, reply in zip(requests, replies, strict=False):
             try:
@@ -222,11 +226,11 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         return results
 
     async def release(self, name: str, token: str) -> bool:
-        replies, _, repeated = await self._run_on([release_call(self._keys(name), token)], True)
+        replies, _, repeated = await self._run_on([release_call(self._keys(name), token)])
         return self._released(name, replies[0], repeated)
 
     async def holder(self, name: str) -> HolderInfo:
-        replies, epoch, _ = await self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())], True)
+        replies, epoch, _ = await self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())])
         token, pttl, fence, waiters = checked(replies[0], self.spec.label, "holder")
         if token is None:
             return HolderInfo(False, waiters=waiters)

@@ -10,9 +10,8 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 * **following the master**: every call runs on the current master's node; a call that cannot have run there
   (the connection was refused or broke before it was sent, the server is no longer a master — the ROLE check
   of every fresh connection, a ``READONLY`` reply — or it is still ``LOADING``) asks the sentinels again and
-  runs on the master they name, for up to ``failover_wait`` seconds; an idempotent call (renew, release,
-  holder) is retried also after its connection broke under it. An acquire that was sent and lost its reply is
-  never resent: that is a :class:`~lockkit.BackendUnavailable`, as on ``redis://``;
+  runs on the master they name, for up to ``failover_wait`` seconds; so does a call whose connection broke
+  after it was sent (see :meth:`SentinelDriver._attempt` for why even an acquire may go again);
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
 * **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
@@ -62,7 +61,8 @@ GUARANTEES = Guarantees(
 
 
 class _Again(Exception):
-    """The calls did not run on the master (or, ``sent``, may have run and are idempotent): ask the sentinels."""
+    """The calls did not run on the master (or, ``sent``, may have run; they are safe to send again): ask the
+    sentinels."""
 
     def __init__(self, why: BaseException, sent: bool) -> None:
         super().__init__(str(why))
@@ -120,9 +120,9 @@ class SentinelDriver(RedisDriver):
 
     def _located(self) -> None:
         if self._where is None:
-            self._run_on([Call(None, (), ("PING",))], True)
+            self._run_on([Call(None, (), ("PING",))])
 
-    def _attempt(self, node: SyncNode, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+    def _attempt(self, node: SyncNode, calls: Sequence[Call]) -> list[Any]:
         try:
             pending = node.send(calls)
         except AuthenticationError as exc:
@@ -136,9 +136,12 @@ class SentinelDriver(RedisDriver):
         except BusyLoadingError as exc:  # still loading its data set: it ran nothing
             raise _Again(exc, sent=False) from exc
         except RedisConnectionError as exc:
-            if idempotent:
-                raise _Again(exc, sent=True) from exc
-            raise translate(node.spec, exc) from exc
+            # Sent, and the reply lost (most often: the master died under it). Every call of these drivers may
+            # go again, even an acquire: the fair acquire script finds its own token and only extends it (a
+            # grant that did happen is returned, never a second one), renew, release and leave are owner-checked,
+            # and a repeated WAIT only waits. Unlike redis://, where there is nowhere else to go, a failover makes
+            # "try once more, on the master the sentinels name now" the way to serve the caller.
+            raise _Again(exc, sent=True) from exc
         except RedisError as exc:
             raise translate(node.spec, exc) from exc
         moved = _moved(replies)
@@ -146,9 +149,9 @@ class SentinelDriver(RedisDriver):
             raise _Again(moved, sent=False)
         return replies
 
-    def _run_on(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+    def _run_on(self, calls: Sequence[Call]) -> tuple[list[Any], int, bool]:
         """The replies of ``calls`` from the master, that master's config epoch, and whether the calls may have
-        run twice (an idempotent call retried after its connection broke under it)."""
+        run twice (sent again after their connection broke under them)."""
         give_up = time.monotonic() + self.target.options.failover_wait
         backoff = 0.05
         repeated = False
@@ -158,7 +161,7 @@ class SentinelDriver(RedisDriver):
             if self._where is not None:
                 node, epoch = self._node, self._epoch
                 try:
-                    return self._attempt(node, calls, idempotent), epoch, repeated
+                    return self._attempt(node, calls), epoch, repeated
                 except _Again as again:
                     repeated = repeated or again.sent
                     last = again.why
@@ -179,7 +182,8 @@ class SentinelDriver(RedisDriver):
             backoff = min(0.5, backoff * 2)
 
     def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        replies, _, _ = self._run_on(calls, idempotent)
+        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`)."""
+        replies, _, _ = self._run_on(calls)
         return replies
 
     # -- fencing tokens lifted by the master's epoch -------------------------------------
@@ -200,7 +204,7 @@ class SentinelDriver(RedisDriver):
         """The master changed while we acquired: the grant came from the old one or the new one, so its token's
         epoch is unknown. Ask the current master whether it holds the lock for us, and lift its fence by its epoch
         (a guess could rank an old master's token above a new master's holder)."""
-        replies, epoch, _ = self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())], True)
+        replies, epoch, _ = self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())])
         held, _, fence, _ = checked(replies[0], self.spec.label, "holder")
         if held is None or held.decode() != token or not fence:
             raise BackendUnavailable(
@@ -212,7 +216,7 @@ class SentinelDriver(RedisDriver):
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self.clock()
-        replies, epoch, _ = self._run_on(self._renew_calls(requests), True)
+        replies, epoch, _ = self._run_on(self._renew_calls(requests))
         results: list[Grant | Exception | None] = []
         for request, reply in zip(requests, replies, strict=False):
             try:
@@ -224,11 +228,11 @@ class SentinelDriver(RedisDriver):
         return results
 
     def release(self, name: str, token: str) -> bool:
-        replies, _, repeated = self._run_on([release_call(self._keys(name), token)], True)
+        replies, _, repeated = self._run_on([release_call(self._keys(name), token)])
         return self._released(name, replies[0], repeated)
 
     def holder(self, name: str) -> HolderInfo:
-        replies, epoch, _ = self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())], True)
+        replies, epoch, _ = self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())])
         token, pttl, fence, waiters = checked(replies[0], self.spec.label, "holder")
         if token is None:
             return HolderInfo(False, waiters=waiters)
