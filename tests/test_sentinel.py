@@ -109,6 +109,16 @@ def test_no_sentinel_reachable_lists_those_tried() -> None:
     assert all(f"127.0.0.1:{p}" in str(info.value) for p in ports)
 
 
+def test_following_never_outlasts_the_acquire_timeout() -> None:
+    """failover_wait bounds each call, but an acquire gives up at its own timeout (after one attempt)."""
+    url = f"redis+sentinel://127.0.0.1:{free_port()}/mymaster?failover_wait=60"
+    with lockkit.connect(url) as locks:
+        started = time.monotonic()
+        with pytest.raises(lockkit.BackendUnavailable, match="failover_wait"):
+            locks.lock("x", ttl=2).acquire(timeout=0.5)
+        assert time.monotonic() - started < 30  # liveness only: far below failover_wait
+
+
 def test_a_dead_first_sentinel_is_skipped(sentinel_set: SentinelSet) -> None:
     url = sentinel_set.url.replace("redis+sentinel://", f"redis+sentinel://127.0.0.1:{free_port()},")
     with lockkit.connect(url) as locks, locks.lock(name(), ttl=2) as lease:

@@ -10,7 +10,8 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 * **following the master**: every call runs on the current master's node; a call that cannot have run there
   (the connection was refused or broke before it was sent, the server is no longer a master — the ROLE check
   of every fresh connection, a ``READONLY`` reply — or it is still ``LOADING``) asks the sentinels again and
-  runs on the master they name, for up to ``failover_wait`` seconds; so does a call whose connection broke
+  runs on the master they name, for up to ``failover_wait`` seconds (an acquire: no longer than its own
+  timeout, after one attempt); so does a call whose connection broke
   after it was sent (see :meth:`SentinelDriver._attempt` for why even an acquire may go again);
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
@@ -20,6 +21,7 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Sequence
@@ -46,6 +48,10 @@ from .single import RedisDriver
 __all__ = ["GUARANTEES", "SentinelDriver"]
 
 log = logging.getLogger("lockkit")
+
+_CALLER_GIVES_UP: contextvars.ContextVar[float | None] = contextvars.ContextVar("lockkit_sentinel_until", default=None)
+"""The monotonic time the current acquire's own deadline ends at: following a failover never keeps an acquire
+past it (a context variable, so that concurrent tasks and threads each see their own)."""
 
 GUARANTEES = Guarantees(
     scope="single-node",
@@ -153,6 +159,9 @@ class SentinelDriver(RedisDriver):
         """The replies of ``calls`` from the master, that master's config epoch, and whether the calls may have
         run twice (sent again after their connection broke under them)."""
         give_up = time.monotonic() + self.target.options.failover_wait
+        caller = _CALLER_GIVES_UP.get()
+        if caller is not None:
+            give_up = min(give_up, caller)  # at least one attempt, even past it
         backoff = 0.05
         repeated = False
         last: BaseException | None = None
@@ -165,21 +174,25 @@ class SentinelDriver(RedisDriver):
                 except _Again as again:
                     repeated = repeated or again.sent
                     last = again.why
-            if time.monotonic() >= give_up:
-                raise BackendUnavailable(
-                    f"redis+sentinel {self.target.service!r}: no reachable master within failover_wait="
-                    f"{self.target.options.failover_wait:g} s (sentinels {self.target.tried}); last error: {last}. "
-                    "A failover may still be under way: retry, or raise failover_wait"
-                )
+            # Ask the sentinels even when out of time, so that the next call goes to the new master.
             try:
                 self._follow(generation)
             except BackendUnavailable as exc:  # no sentinel answered: keep trying until give_up
                 last = exc
             else:
                 if self._generation != generation:
-                    continue  # a new master: try it at once
+                    continue  # a new master (or the first): try it at once
+            if time.monotonic() >= give_up:
+                raise self._gave_up(last)
             pause(backoff)
             backoff = min(0.5, backoff * 2)
+
+    def _gave_up(self, last: BaseException | None) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"redis+sentinel {self.target.service!r}: no reachable master within failover_wait="
+            f"{self.target.options.failover_wait:g} s or the acquire's timeout (sentinels {self.target.tried}); "
+            f"last error: {last}. A failover may still be under way: retry, or raise failover_wait"
+        )
 
     def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
         """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`)."""
@@ -191,14 +204,19 @@ class SentinelDriver(RedisDriver):
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
-        self._located()
-        generation, epoch = self._generation, self._epoch
-        grant = super().acquire(name, token, ttl, deadline, cancel)
-        if grant is None:
-            return None
-        if self._generation == generation:
-            return Grant(composite_token(epoch, grant.fencing_token), grant.ttl, grant.sent_at)
-        return self._confirm(name, token, grant)
+        until = None if deadline is None else time.monotonic() + max(0.0, deadline - self.clock())
+        reset = _CALLER_GIVES_UP.set(until)
+        try:
+            self._located()
+            generation, epoch = self._generation, self._epoch
+            grant = super().acquire(name, token, ttl, deadline, cancel)
+            if grant is None:
+                return None
+            if self._generation == generation:
+                return Grant(composite_token(epoch, grant.fencing_token), grant.ttl, grant.sent_at)
+            return self._confirm(name, token, grant)
+        finally:
+            _CALLER_GIVES_UP.reset(reset)
 
     def _confirm(self, name: str, token: str, grant: Grant) -> Grant:
         """The master changed while we acquired: the grant came from the old one or the new one, so its token's
