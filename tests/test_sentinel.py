@@ -255,3 +255,25 @@ def test_failover_loses_an_unreplicated_grant_canary(fresh_sentinel: SentinelFac
         taken = second.lock(n, ttl=5, auto_renew=False).acquire(timeout=FOLLOW)  # the first grant is gone
         assert taken.fencing_token > lost.fencing_token
         second.force_release(n)
+
+
+@pytest.mark.slow
+def test_switch_master_announcement_is_heard(fresh_sentinel: SentinelFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A manual failover (SENTINEL FAILOVER: the old master is demoted, not killed) is announced on the
+    sentinels' +switch-master channel; the driver hears it, and its next call goes to the new master."""
+    caplog.set_level(logging.INFO, logger="lockkit")
+    group = fresh_sentinel()
+    n = name()
+    with lockkit.connect(group.url) as locks:
+        before = locks.lock(n, ttl=5, auto_renew=False).acquire(timeout=5)
+        locks.force_release(n)
+        old = group.master_address()
+        group.sentinels[0].ask("SENTINEL", "FAILOVER", "mymaster")
+        new = group.wait_for_failover(old, timeout=FOLLOW)
+        deadline = time.monotonic() + FOLLOW
+        while "+switch-master" not in caplog.text:
+            assert time.monotonic() < deadline, "no +switch-master announcement was heard"
+            time.sleep(0.05)
+        with locks.lock(n, ttl=5, auto_renew=False) as after:
+            assert after.fencing_token > before.fencing_token
+        assert f"{new[0]}:{new[1]}" in caplog.text

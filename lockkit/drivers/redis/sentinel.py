@@ -19,9 +19,10 @@ The user and password are the master's; the sentinels' are the options ``sentine
 get-master-addr-by-name SERVICE`` and ``SENTINEL MASTER SERVICE`` (for the master's config-epoch); the first
 that answers is used (and asked first next time). Every fresh connection to the master checks ``ROLE`` before
 it carries anything, so a lock write never reaches a replica. The sentinels are asked again when the master
-refuses connections or drops them, answers ``READONLY`` or ``LOADING``, or ``ROLE`` says replica. Keys, scripts,
-fair waiting and pub/sub waking are those of ``redis://`` (:mod:`.single`); the wake-up connection follows the
-master, re-subscribes there and wakes every waiter to look again.
+refuses connections or drops them, answers ``READONLY`` or ``LOADING``, or ``ROLE`` says replica, and before the
+next call after a sentinel announced ``+switch-master`` (one pub/sub connection to the sentinel that answered).
+Keys, scripts, fair waiting and pub/sub waking are those of ``redis://`` (:mod:`.single`); the wake-up
+connection follows the master, re-subscribes there and wakes every waiter to look again.
 
 **Guarantees.** Sentinel keeps the lock service available across a master's failure; it does not keep the
 locks. Replication is asynchronous: a grant (or renewal) the master acknowledged but had not yet sent to the

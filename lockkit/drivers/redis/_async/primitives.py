@@ -122,6 +122,13 @@ class AsyncBackground:
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
+    def listen(self, hub: Hub, channel: bytes, wake: Callable[[bytes], None]) -> None:
+        """Keep ``wake`` registered on ``hub``'s ``channel`` until the hub closes (Sentinel: ``+switch-master``);
+        the subscription is confirmed in a task of its own, which :meth:`close` waits for."""
+        task = asyncio.get_running_loop().create_task(hub.watch(channel, wake))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
     async def shielded(
         self,
         attempt: Callable[[], Coroutine[Any, Any, T | None]],

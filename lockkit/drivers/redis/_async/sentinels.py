@@ -15,6 +15,7 @@ from redis.exceptions import AuthenticationError, RedisError
 
 from ....errors import BackendUnavailable, ConfigError
 from ..calls import pack
+from ..config import NodeSpec
 from ..errors import translate
 from ..sentinel_config import Master, SentinelTarget, parse_master_reply, resolve_commands
 from .connection import AsyncConnection
@@ -26,6 +27,11 @@ class AsyncSentinels:
     def __init__(self, target: SentinelTarget) -> None:
         self.target = target
         self._order = list(target.sentinels)
+
+    @property
+    def first(self) -> NodeSpec:
+        """The sentinel asked first: the one that answered last."""
+        return self._order[0]
 
     async def locate(self) -> Master:
         """The master the first answering sentinel names.

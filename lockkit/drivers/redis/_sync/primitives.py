@@ -51,6 +51,11 @@ class Background:
         its clean-up (the asyncio twin runs it in a task)."""
         step(*args, **kwargs)
 
+    def listen(self, hub: Hub, channel: bytes, wake: Callable[[bytes], None]) -> None:
+        """Keep ``wake`` registered on ``hub``'s ``channel`` until the hub closes (Sentinel: ``+switch-master``);
+        it runs on the hubs' loop thread (started if need be), and so does ``wake``."""
+        self._loop.call(hub.watch_soon, channel, wake, None)
+
     def shielded(
         self, attempt: Callable[[], T | None], watcher: SyncWatcher, undo: Callable[[], None]
     ) -> T | None:

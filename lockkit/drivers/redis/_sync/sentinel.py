@@ -13,6 +13,8 @@ sentinels name, with three additions; the URL, guarantees and the failover story
   runs on the master they name, for up to ``failover_wait`` seconds (an acquire: no longer than its own
   timeout, after one attempt); so does a call whose connection broke
   after it was sent (see :meth:`SentinelDriver._attempt` for why even an acquire may go again);
+* **announcements**: a pub/sub connection to a sentinel hears ``+switch-master``; the next call asks the
+  sentinels before it sends anything (a master that moved without failing is followed before it is used);
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
 * **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
@@ -21,6 +23,7 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import time
@@ -38,6 +41,7 @@ from ...epoch import composite_token
 from ..calls import Call
 from ..errors import translate
 from ..flow import checked, release_call
+from ..hub import Hub
 from ..scripts import FAIR_HOLDER
 from ..sentinel_config import SentinelTarget, sentinel_target
 from .node import SyncNode
@@ -49,6 +53,7 @@ __all__ = ["GUARANTEES", "SentinelDriver"]
 
 log = logging.getLogger("lockkit")
 
+SWITCH_CHANNEL = b"+switch-master"
 _CALLER_GIVES_UP: contextvars.ContextVar[float | None] = contextvars.ContextVar("lockkit_sentinel_until", default=None)
 """The monotonic time the current acquire's own deadline ends at: following a failover never keeps an acquire
 past it (a context variable, so that concurrent tasks and threads each see their own)."""
@@ -96,6 +101,12 @@ class SentinelDriver(RedisDriver):
         self._generation = 0
         """Bumped at every change of master: a caller that saw an older one knows someone already followed."""
         self._retired: list[SyncNode] = []
+        # A pub/sub connection to a sentinel, for its +switch-master announcements: a master that moved without
+        # failing (a manual failover, or one the sentinels voted while we could still reach the old master) is
+        # followed at the next call, before anything is sent to the old one.
+        self._switch_hub = Hub(target.sentinels[0])
+        self._listening = False
+        self._switched = False
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> SentinelDriver:
@@ -123,6 +134,18 @@ class SentinelDriver(RedisDriver):
         self.spec, self._node, self._epoch, self._where = spec, SyncNode(spec), master.epoch, where
         self._generation += 1
         self._hub.retarget(spec)
+        self._switch_hub.retarget(self._sentinels.first)  # the sentinel that answered: it is up
+        if not self._listening:
+            self._listening = True
+            self._background.listen(self._switch_hub, SWITCH_CHANNEL, self._heard)
+
+    def _heard(self, message: bytes) -> None:
+        """A ``+switch-master`` announcement (``<service> <old ip> <old port> <new ip> <new port>``), on the
+        hub's loop: only flag it, the next call asks the sentinels (an empty message: the hub reconnected)."""
+        parts = message.decode(errors="replace").split()
+        if parts and parts[0] == self.target.service:
+            self._switched = True
+            log.info("lockkit: a sentinel announced +switch-master for %r: %s", self.target.service, " ".join(parts))
 
     def _located(self) -> None:
         if self._where is None:
@@ -166,6 +189,10 @@ class SentinelDriver(RedisDriver):
         repeated = False
         last: BaseException | None = None
         while True:
+            if self._switched and self._where is not None:
+                self._switched = False
+                with contextlib.suppress(BackendUnavailable):  # the calls below find their way anyway
+                    self._follow(self._generation)
             generation = self._generation
             if self._where is not None:
                 node, epoch = self._node, self._epoch
@@ -259,7 +286,8 @@ class SentinelDriver(RedisDriver):
         return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
 
     def close(self) -> None:
-        super().close()
+        self._background.close([self._hub, self._switch_hub])
+        self._node.close()
         for node in self._retired:
             node.close()
         self._retired.clear()
