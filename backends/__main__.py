@@ -1,4 +1,4 @@
-"""``python -m backends up [redis|redlock|zookeeper|etcd|all]...`` / ``python -m backends install``."""
+"""``python -m backends up [redis|redlock|sentinel|zookeeper|etcd|all]...`` / ``python -m backends install``."""
 
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ from backends.servers import (
     EtcdServer,
     RedisServer,
     RedlockServers,
+    SentinelSet,
     ServerError,
     ZooKeeperServer,
 )
 
-KINDS = ("redis", "redlock", "zookeeper", "etcd")
-_Stoppable = RedisServer | RedlockServers | ZooKeeperServer | EtcdServer
+KINDS = ("redis", "redlock", "sentinel", "zookeeper", "etcd")
+_Stoppable = RedisServer | RedlockServers | SentinelSet | ZooKeeperServer | EtcdServer
 
 
 def _make(kind: str) -> _Stoppable:
     factories: dict[str, Callable[[], _Stoppable]] = {
         "redis": RedisServer,
         "redlock": RedlockServers,
+        "sentinel": SentinelSet,
         "zookeeper": ZooKeeperServer,
         "etcd": EtcdServer,
     }
@@ -36,6 +38,8 @@ def _make(kind: str) -> _Stoppable:
 def _alive(obj: _Stoppable) -> bool:
     if isinstance(obj, RedlockServers):
         return all(s.running for s in obj.servers)
+    if isinstance(obj, SentinelSet):
+        return all(member.running for member in obj.members)
     return obj.running
 
 
