@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -56,8 +57,8 @@ from .quorum import NodeResult, quorum, tally_acquire
 from .scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELEASE, LEAVE, RELEASE
 
 __all__ = [
-    "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call", "redlock_acquire_flow", "release_call",
-    "waiter_id",
+    "WAITER_ID", "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call", "redlock_acquire_flow",
+    "release_call", "waiter_id",
 ]  # fmt: skip
 
 MARGIN_MS = 250
@@ -122,9 +123,18 @@ def _left(clock: Clock, deadline: float | None) -> float | None:
     return None if deadline is None else deadline - clock()
 
 
+WAITER_ID = re.compile(r"([A-Za-z0-9_-]+)\.([1-9][0-9]{0,14})\.([!-~]+)")
+"""The waiter-id grammar of docs/interop.md, which the release's Lua (scripts._HANDOFF) parses: a client id
+without ``.`` (so the first ``.`` ends it), a TTL in ms that ``SET PX`` accepts, a token without spaces (a grant
+message is ``"<waiter id> <fence>"``). Other clients' ids follow it too; one that does not is never granted."""
+
+
 def waiter_id(client_id: str, ttl: float, token: str) -> str:
     """``<client id>.<ttl ms>.<token>``: what a release needs to grant the lock to this waiter, and where to say so."""
-    return f"{client_id}.{ms(ttl)}.{token}"
+    wid = f"{client_id}.{ms(ttl)}.{token}"
+    # An id outside the grammar would never be granted (only woken, to take the lock itself): fail loudly.
+    assert WAITER_ID.fullmatch(wid), wid
+    return wid
 
 
 def release_call(keys: LockKeys, token: str | None) -> Call:

@@ -188,7 +188,9 @@ return out
 # waiter is queued, newcomers are refused.
 #
 # A release *grants* the lock to the first live waiter in the same script: a waiter id is
-# "<client id>.<ttl ms>.<token>", so the release can set the key to that waiter's token with its TTL, take the
+# "<client id>.<ttl ms>.<token>" (the grammar, docs/interop.md and flow.WAITER_ID: client id one or more of
+# A-Z a-z 0-9 - _; ttl a positive decimal without leading zeros, at most 15 digits; token one or more printable
+# ASCII characters other than space), so the release can set the key to that waiter's token with its TTL, take the
 # next fencing token and publish "<waiter id> <fence>" on the waiter's client channel; the waiter returns on
 # the message with no round trip of its own. Only a waiter whose client still listens is granted: PUBLISH
 # returns how many subscribers received the message, and the client of a crashed process has none (the
@@ -228,11 +230,15 @@ local function hand_off()
     while tries < 8 do
       local head = first_live(KEYS[3], KEYS[4], false, now)
       if not head then break end
+      local client, ttl, token = string.match(head, '^([A-Za-z0-9_%-]+)%.([1-9]%d*)%.([!-~]+)$')
+      -- An id outside the grammar cannot be granted, but it is another client's live waiter, so it is not
+      -- dropped either: it stays the head, and the lock is freed and everyone woken below. Its owner takes
+      -- the lock at its next attempt (FAIR_ACQUIRE lets the head take a free lock); the rest stay behind it.
+      if not token or #ttl > 15 then break end
       redis.call('lpop', KEYS[3])
       redis.call('zrem', KEYS[4], head)
-      local client, ttl, token = string.match(head, '^(%x+)%.(%d+)%.(.+)$')
       -- a client found silent once in this release is not asked again: its other waiters go without a try
-      if token and not silent[client] then
+      if not silent[client] then
         tries = tries + 1
         local fence = (tonumber(redis.call('get', KEYS[2])) or 0) + 1
         if redis.call('publish', ARGV[3] .. client, head .. ' ' .. fence) > 0 then
