@@ -106,9 +106,8 @@ def test_lockkit_holder_excludes_raw(doc_client: dict[str, Any], rclient: redis.
     assert raw.release()
 
 
-@pytest.mark.parametrize("queued", [False, True], ids=["alone", "behind-nobody-queued"])
 def test_raw_waiter_is_woken_by_lockkit_release(
-    doc_client: dict[str, Any], rclient: redis.Redis, locks: lockkit.Locker, queued: bool
+    doc_client: dict[str, Any], rclient: redis.Redis, locks: lockkit.Locker
 ) -> None:
     n = name()
     raw = raw_lock(doc_client, rclient, n)
