@@ -260,15 +260,7 @@ class AsyncSentinelDriver(AsyncRedisDriver):
     async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self.clock()
         replies, epoch, _ = await self._run_on(self._renew_calls(requests))
-        results: list[Grant | Exception | None] = []
-        for request, reply in zip(requests, replies, strict=False):
-            try:
-                fence = checked(reply, self.spec.label, "renew")
-            except BackendUnavailable as exc:
-                results.append(exc)
-                continue
-            results.append(Grant(composite_token(epoch, fence), request.ttl, sent_at) if fence >= 0 else None)
-        return results
+        return self._renewed(requests, replies, sent_at, epoch)
 
     async def release(self, name: str, token: str) -> bool:
         replies, _, repeated = await self._run_on([release_call(self._keys(name), token)])

@@ -18,6 +18,7 @@ from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Ren
 from ....errors import BackendUnavailable
 from ....lease import token_hint
 from ....urls import BackendURL
+from ...epoch import composite_token
 from ..calls import Call
 from ..config import NodeSpec, RedisOptions, redis_nodes
 from ..errors import translate
@@ -136,6 +137,13 @@ class AsyncRedisDriver:
     async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self.clock()
         replies = await self._run(self._renew_calls(requests), True)
+        return self._renewed(requests, replies, sent_at, 0)
+
+    def _renewed(
+        self, requests: Sequence[RenewRequest], replies: Sequence[Any], sent_at: float, epoch: int
+    ) -> list[Grant | Exception | None]:
+        """Each renewal's result: a Grant counted from ``sent_at`` (its fence lifted by ``epoch``, 0: as it is),
+        ``None`` if the server no longer held our token, or the error of a refused script."""
         results: list[Grant | Exception | None] = []
         for request, reply in zip(requests, replies, strict=False):
             try:
@@ -143,7 +151,8 @@ class AsyncRedisDriver:
             except BackendUnavailable as exc:
                 results.append(exc)
                 continue
-            results.append(Grant(fence, request.ttl, sent_at) if fence >= 0 else None)
+            lifted = composite_token(epoch, fence) if epoch and fence >= 0 else fence
+            results.append(Grant(lifted, request.ttl, sent_at) if fence >= 0 else None)
         return results
 
     def _renew_calls(self, requests: Sequence[RenewRequest]) -> list[Call]:
