@@ -691,6 +691,7 @@ class SentinelServer(Server):
         down_after_ms: int = 500,
         failover_timeout_ms: int = 3000,
         password: str | None = None,
+        extra_config: Sequence[str] = (),
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
         super().__init__(ready_timeout=ready_timeout)
@@ -700,6 +701,8 @@ class SentinelServer(Server):
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.password = password
+        self.extra_config = list(extra_config)
+        """More lines of sentinel.conf (the TLS ones of a :class:`SentinelSet` with ``tls_dir``)."""
 
     @property
     def config_path(self) -> Path:
@@ -721,6 +724,7 @@ class SentinelServer(Server):
         ]
         if self.password is not None:
             lines.append(f"requirepass {self.password}")
+        lines += self.extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def _command(self) -> list[str]:
@@ -760,6 +764,12 @@ class SentinelSet(ServerGroup[Server]):
     ``start`` returns once every sentinel knows every replica and every other sentinel (so that a failover
     can be voted) and every replica is in sync. Members are stopped by PID like every server here;
     ``kill_master`` SIGKILLs the current master, ``wait_for_failover`` waits until the sentinels name another.
+
+    With ``tls_dir`` (a directory holding ``ca.pem`` and a ``server.pem``/``server.key`` valid for 127.0.0.1,
+    see :mod:`backends.tls`) every member also listens for TLS on a port of its own, replication and the
+    sentinels' links run over TLS (``tls-replication yes``), so the sentinels announce the TLS ports, and
+    :attr:`url` is a ``rediss+sentinel://`` URL trusting that CA. The plain ports stay open for the harness's
+    own probes and questions.
     """
 
     def __init__(
@@ -770,33 +780,59 @@ class SentinelSet(ServerGroup[Server]):
         service: str = "mymaster",
         down_after_ms: int = 500,
         failover_timeout_ms: int = 3000,
+        tls_dir: Path | None = None,
     ) -> None:
         self.n_replicas, self.n_sentinels = replicas, sentinels
         self.service = service
         self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        self.tls_dir = tls_dir
+        self.tls_ports: dict[Server, int] = {}
+        """Each member's TLS port (only with ``tls_dir``)."""
         self.members = []
         self.redis: list[RedisServer] = []
         self.sentinels: list[SentinelServer] = []
+
+    def _tls_lines(self, member: Server) -> list[str]:
+        """The TLS settings of one member (``name value`` pairs), with a TLS port allocated for it."""
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        self.tls_ports[member] = port = free_port()
+        return [
+            f"tls-port {port}", f"tls-cert-file {d / 'server.pem'}", f"tls-key-file {d / 'server.key'}",
+            f"tls-ca-cert-file {d / 'ca.pem'}", "tls-auth-clients no", "tls-replication yes",
+        ]  # fmt: skip
+
+    def _announced(self, server: Server) -> tuple[str, int]:
+        """The address the sentinels name ``server`` by: its TLS port with ``tls_dir``."""
+        return (server.host, self.tls_ports[server]) if self.tls_dir is not None else server.address
+
+    def _redis(self, args: list[str]) -> RedisServer:
+        server = RedisServer(extra_args=args)
+        for line in self._tls_lines(server):  # the same settings as redis-server arguments
+            setting, value = line.split(" ", 1)
+            server.extra_args += [f"--{setting}", value]
+        self.members.append(server)
+        self.redis.append(server.start())
+        return server
 
     def start(self: SS) -> SS:
         try:
             # No delay before a diskless full sync (5 s by default): the replicas are in sync at once.
             sync = ["--repl-diskless-sync-delay", "0"]
-            master = RedisServer(extra_args=sync)
-            self.members.append(master)
-            self.redis.append(master.start())
+            master = self._redis(sync)
+            host, port = self._announced(master)
             for _ in range(self.n_replicas):
-                replica = RedisServer(extra_args=[*sync, "--replicaof", master.host, str(master.port)])
-                self.members.append(replica)
-                self.redis.append(replica.start())
+                self._redis([*sync, "--replicaof", host, str(port)])
             for _ in range(self.n_sentinels):
                 sentinel = SentinelServer(
-                    master.address,
+                    (host, port),
                     service=self.service,
                     quorum=self.n_sentinels // 2 + 1,
                     down_after_ms=self.down_after_ms,
                     failover_timeout_ms=self.failover_timeout_ms,
                 )
+                sentinel.extra_config = self._tls_lines(sentinel)
                 self.members.append(sentinel)
                 self.sentinels.append(sentinel.start())
             self.wait_settled()
@@ -834,8 +870,10 @@ class SentinelSet(ServerGroup[Server]):
 
     @property
     def url(self) -> str:
-        """``redis+sentinel://s1,s2,s3/SERVICE/0``."""
-        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        """``redis+sentinel://s1,s2,s3/SERVICE/0`` (``rediss+sentinel://…?tls_ca=CA`` with ``tls_dir``)."""
+        hosts = ",".join("{}:{}".format(*self._announced(s)) for s in self.sentinels)
+        if self.tls_dir is not None:
+            return f"rediss+sentinel://{hosts}/{self.service}/0?tls_ca={quote(str(self.tls_dir / 'ca.pem'))}"
         return f"redis+sentinel://{hosts}/{self.service}/0"
 
     def master_address(self) -> tuple[str, int]:
@@ -850,7 +888,7 @@ class SentinelSet(ServerGroup[Server]):
     def master(self) -> RedisServer:
         address = self.master_address()
         for server in self.redis:
-            if server.running and server.address == address:
+            if server.running and self._announced(server) == address:
                 return server
         raise ServerError(f"sentinel set {self.service!r}: the named master {address} is not running")
 
