@@ -137,12 +137,14 @@ RULES += [
     (r"AsyncRWLock", "RWLock"),
     (r"async_permits", "sync_permits"),
     (r"AsyncSemaphoreSuite", "SemaphoreSuite"),
+    (r"AsyncRedisPermits", "RedisPermits"),
 ]
 FILES += [
     Pair("lockkit/_async/permit_view.py"),
     Pair("lockkit/_async/semaphore.py"),
     Pair("lockkit/testing/_async/semaphore_conformance.py"),
     Pair("lockkit/testing/_async/semaphore_workers.py"),
+    Pair("lockkit/drivers/redis/_async/semaphore.py"),
 ]
 # --- end of the semaphores' block ---
 

@@ -154,7 +154,11 @@ class FilePermits:
                             record.waiters.remove(address)
                         return Grant(fence, ttl, sent_at)
                     hint = record.table.wait_hint(now)
-                    if waiter is not None and address not in record.waiters and len(record.waiters) < MAX_PERMIT_WAITERS:
+                    if (
+                        waiter is not None
+                        and address not in record.waiters
+                        and len(record.waiters) < MAX_PERMIT_WAITERS
+                    ):
                         record.waiters.append(address)
                 if cancel is not None and cancel.cancelled:
                     return None
@@ -220,6 +224,10 @@ class FilePermits:
             table = record.table
             table.prune(now)
             return PermitInfo(
-                table.limit, len(table.holders), table.writer_holds(), len(table.writers), table.fence or None,
+                table.limit,
+                len(table.holders),
+                table.writer_holds(),
+                len(table.writers),
+                table.fence or None,
                 len(record.waiters),
             )
