@@ -40,9 +40,12 @@ def _native(driver: Any, guarantees: Guarantees, backend: str) -> Any:
     check_offered(guarantees, backend)
     make = getattr(driver, "permits", None)
     if make is None:
+        # A wrapper that mirrors its driver's guarantees (fencing_epoch=, a migrate backend) but cannot pass
+        # permits through: their fences would not carry the epoch, or they would live on one side only.
         raise ConfigError(
-            f"backend {backend!r} declares semaphores but its driver {type(driver).__name__} has no permits() "
-            "method; this is a bug in the driver"
+            f"backend {backend!r} offers semaphores and reader-writer locks not yet through "
+            f"{type(driver).__name__} (a fencing_epoch option or a migrate backend): route semaphores to a "
+            "backend configured without it"
         )
     return make()
 

@@ -62,7 +62,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Offer, RenewRequest
 from ...errors import BackendUnavailable, LockError
 from ...lease import token_hint
 from ...urls import BackendURL
@@ -85,6 +85,11 @@ class EtcdDriver:
         survives_failover=True,
         lifetime="session",
         note="Raft consensus; one session lease per client and TTL; fencing token = the key's create_revision.",
+        semaphores=Offer(
+            "not yet",
+            "the layout is designed (keys in create_revision order under the session lease, the first N hold; "
+            "docs/semaphores.md) but not built",
+        ),
     )
 
     def __init__(self, client: EtcdClient, options: EtcdOptions, ctx: DriverContext) -> None:

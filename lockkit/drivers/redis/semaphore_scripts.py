@@ -24,10 +24,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ...driver import Offer
 from .keys import _ESCAPES
 from .scripts import Script
 
-__all__ = ["SEM_ACQUIRE", "SEM_CLEAR", "SEM_INFO", "SEM_LEAVE", "SEM_RELEASE", "SEM_RENEW", "PermitKeys", "permit_keys"]
+__all__ = [
+    "REDLOCK_PERMITS",
+    "SEM_ACQUIRE",
+    "SEM_CLEAR",
+    "SEM_INFO",
+    "SEM_LEAVE",
+    "SEM_RELEASE",
+    "SEM_RENEW",
+    "SENTINEL_PERMITS",
+    "PermitKeys",
+    "permit_keys",
+]
 
 
 @dataclass(frozen=True)
@@ -194,4 +206,20 @@ redis.call('hdel', KEYS[4], 'writer', 'limit')
 redis.call('publish', ARGV[1], '')
 return held
 """,
+)
+
+
+# What the other Redis drivers say about permits (their Guarantees.semaphores), with the reason shown to users.
+REDLOCK_PERMITS = Offer(
+    "never",
+    "a majority of masters agreeing on each permit does not bound the holders fleet-wide: with limit 2 on 3 "
+    "masters, 3 clients can each hold a permit on a different pair of masters while every master counts only 2, "
+    "so the limit is exceeded with no master at fault (limit 1 is a lock: use lock()); and Redlock hands out no "
+    "fencing tokens",
+)
+SENTINEL_PERMITS = Offer(
+    "not yet",
+    "the permit scripts would run on the master as on redis://, but their fencing tokens are not yet lifted by "
+    "the sentinels' config-epoch as lock tokens are, so a failover that lost the counter could hand out lower "
+    "tokens",
 )
