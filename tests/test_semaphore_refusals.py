@@ -6,6 +6,9 @@ both faces, so that it comes before any permit operation is sent.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 import lockkit
@@ -68,7 +71,16 @@ async def test_semaphore_refused_on_the_asyncio_face(
             locks.semaphore("refused", limit=2)
 
 
-def test_fencing_epoch_wrapper_refuses_rather_than_hand_out_unlifted_tokens(tmp_path: object) -> None:
-    with lockkit.connect("memory://epoch-refusal?fencing_epoch=3") as locks:
-        with pytest.raises(lockkit.ConfigError, match="fencing_epoch"):
-            locks.semaphore("s", limit=2)
+def test_fencing_epoch_wrapper_refuses_rather_than_hand_out_unlifted_tokens() -> None:
+    with lockkit.connect("memory://epoch-refusal?fencing_epoch=3") as locks, pytest.raises(
+        lockkit.ConfigError, match="fencing_epoch"
+    ):
+        locks.semaphore("s", limit=2)
+
+
+def test_docs_table_matches_the_declared_offers() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "semaphores.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([a-z+]+)://` \| (yes|not yet|never) \|", text, re.M))
+    assert set(rows) == {"memory", "file", "redis", "redis+sentinel", "redlock", "zookeeper", "etcd"}
+    for scheme, offered in rows.items():
+        assert _offer(scheme).offered == offered, scheme
