@@ -272,29 +272,35 @@ class AsyncSemaphoreSuite:
     async def test_writer_not_starved_by_reader_stream(
         self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
     ) -> None:
-        stop = Flag()
         stopped = [False]
         reader_fences: list[int] = []
 
         async def reader_stream(locker: lockkit.AsyncLocker) -> None:
+            # Hand over hand: the next read is asked for while the current one is held, so that some reader
+            # always holds; only a refusal (a writer waits) makes it let go first and then wait in line.
             rw = locker.rwlock(name, ttl=HOLD_TTL)
+            current = rw.read()
+            reader_fences.append((await current.acquire(timeout=30)).fence or 0)
             while not stopped[0]:
-                handle = rw.read()
-                lease = await handle.acquire(timeout=30)
+                await sleep(0.02)
+                following = rw.read()
+                lease = await following.try_acquire()
+                await current.release()
+                if lease is None:
+                    lease = await following.acquire(timeout=30)
                 reader_fences.append(lease.fence or 0)
-                await sleep(0.05)
-                await handle.release()
+                current = following
+            await current.release()
 
         streams = [Background(lambda: reader_stream(locks)), Background(lambda: reader_stream(other))]
         await sleep(0.3)  # readers overlap continuously from here on
         started = time.monotonic()
         writer = other.rwlock(name, ttl=HOLD_TTL).write()
-        lease = await writer.acquire(timeout=15)
+        lease = await writer.acquire(timeout=SLACK + 8)
         waited = time.monotonic() - started
         before = list(reader_fences)
         await writer.release()
         stopped[0] = True
-        stop.set()
         for stream in streams:
             await stream.result(30)
         assert waited < SLACK + 3, f"the writer waited {waited:.2f} s under a stream of readers"

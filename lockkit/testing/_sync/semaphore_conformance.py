@@ -274,29 +274,35 @@ class SemaphoreSuite:
     def test_writer_not_starved_by_reader_stream(
         self, locks: lockkit.Locker, other: lockkit.Locker, name: str
     ) -> None:
-        stop = Flag()
         stopped = [False]
         reader_fences: list[int] = []
 
         def reader_stream(locker: lockkit.Locker) -> None:
+            # Hand over hand: the next read is asked for while the current one is held, so that some reader
+            # always holds; only a refusal (a writer waits) makes it let go first and then wait in line.
             rw = locker.rwlock(name, ttl=HOLD_TTL)
+            current = rw.read()
+            reader_fences.append(current.acquire(timeout=30).fence or 0)
             while not stopped[0]:
-                handle = rw.read()
-                lease = handle.acquire(timeout=30)
+                sleep(0.02)
+                following = rw.read()
+                lease = following.try_acquire()
+                current.release()
+                if lease is None:
+                    lease = following.acquire(timeout=30)
                 reader_fences.append(lease.fence or 0)
-                sleep(0.05)
-                handle.release()
+                current = following
+            current.release()
 
         streams = [Background(lambda: reader_stream(locks)), Background(lambda: reader_stream(other))]
         sleep(0.3)  # readers overlap continuously from here on
         started = time.monotonic()
         writer = other.rwlock(name, ttl=HOLD_TTL).write()
-        lease = writer.acquire(timeout=15)
+        lease = writer.acquire(timeout=SLACK + 8)
         waited = time.monotonic() - started
         before = list(reader_fences)
         writer.release()
         stopped[0] = True
-        stop.set()
         for stream in streams:
             stream.result(30)
         assert waited < SLACK + 3, f"the writer waited {waited:.2f} s under a stream of readers"
