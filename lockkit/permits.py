@@ -29,9 +29,8 @@ def check_offered(guarantees: Guarantees, backend: str) -> None:
     offer = guarantees.semaphores
     if offer:
         return
-    when = "not yet" if offer.offered == "not yet" else "not, by design"
     raise ConfigError(
-        f"backend {backend!r} offers semaphores and reader-writer locks {when}: {offer.why}. "
+        f"backend {backend!r} does not offer semaphores or reader-writer locks ({offer.offered}: {offer.why}). "
         "Route this name to a backend that offers them (memory://, file://, redis://; see docs/semaphores.md)"
     )
 
@@ -43,8 +42,8 @@ def _native(driver: Any, guarantees: Guarantees, backend: str) -> Any:
         # A wrapper that mirrors its driver's guarantees (fencing_epoch=, a migrate backend) but cannot pass
         # permits through: their fences would not carry the epoch, or they would live on one side only.
         raise ConfigError(
-            f"backend {backend!r} offers semaphores and reader-writer locks not yet through "
-            f"{type(driver).__name__} (a fencing_epoch option or a migrate backend): route semaphores to a "
+            f"backend {backend!r} does not offer semaphores or reader-writer locks through "
+            f"{type(driver).__name__} (not yet: a fencing_epoch option or a migrate backend); route them to a "
             "backend configured without it"
         )
     return make()
