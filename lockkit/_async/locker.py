@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from ..config import BackendSpec, Settings, backend_url, where_backend
 from ..configured_backend import Backend
@@ -179,13 +179,21 @@ class AsyncLocker:
         on_lost: LostCallback | None = None,
         max_hold: float | None = None,
         timeout: float | None = None,
+        limit: int | None = None,
+        side: Literal["read", "write"] | None = None,
     ) -> Callable[[Guarded[P, T]], Guarded[P, T]]:
         """Decorate a function so that each call runs holding lock ``name``; the same arguments as :meth:`lock`.
 
         ``name`` may name the function's parameters in braces (``"report:{day}"``), formatted from each call's
         arguments. Inside the call, :func:`lockkit.current_lease` is the lease it holds. Errors are those of
         :meth:`AsyncLock.acquire` and of leaving ``async with`` (``LockTimeout``, ``LockLost``, …).
+        ``limit=N`` holds one permit of semaphore ``name`` instead of a lock, ``side="read"`` or ``"write"``
+        one side of reader-writer lock ``name`` (docs/semaphores.md).
         """
+        if limit is not None and side is not None:
+            raise ConfigError("locked() takes limit= (a semaphore) or side= (a reader-writer lock), not both")
+        if side is not None and side not in ("read", "write"):
+            raise ConfigError(f'side must be "read" or "write", got {side!r}')
         template = NameTemplate(name)
         options: dict[str, Any] = {
             "backend": backend,
@@ -194,8 +202,17 @@ class AsyncLocker:
             "max_hold": max_hold,
             "timeout": timeout,
         }
+
+        def handle(formatted: str) -> AsyncLock:
+            if limit is not None:
+                return self.semaphore(formatted, limit, ttl, **options)
+            if side is not None:
+                rw = self.rwlock(formatted, ttl, **options)
+                return rw.write() if side == "write" else rw.read()
+            return self.lock(formatted, ttl, **options)
+
         if not template.fields:
-            self.lock(name, ttl, **options)  # a bad name, ttl or option fails here, at decoration
+            handle(name)  # a bad name, ttl, limit or option (or a backend without semaphores) fails here
 
         def decorate(fn: Guarded[P, T]) -> Guarded[P, T]:
             check_guarded(fn)
@@ -203,7 +220,7 @@ class AsyncLocker:
 
             @functools.wraps(fn)
             async def run_locked(*args: P.args, **kwargs: P.kwargs) -> T:
-                lock = self.lock(template.format(signature, args, kwargs), ttl, **options)
+                lock = handle(template.format(signature, args, kwargs))
                 async with lock as lease:
                     entry = enter_call(lease)
                     try:
