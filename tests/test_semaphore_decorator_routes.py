@@ -72,8 +72,9 @@ def test_locked_refuses_bad_permit_options_at_decoration(url: str) -> None:
 
 
 def test_locked_refuses_a_backend_without_semaphores_at_decoration() -> None:
-    with lockkit.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3") as locks, pytest.raises(
-        lockkit.ConfigError, match=r"\(never: "
+    with (
+        lockkit.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3") as locks,
+        pytest.raises(lockkit.ConfigError, match=r"\(never: "),
     ):
         locks.locked("x", limit=2)
 
@@ -82,7 +83,10 @@ def test_routes_send_semaphores_to_their_backend(tmp_path: Path) -> None:
     directory = tmp_path / "locks"
     config = {
         "default": "fast",
-        "backends": {"fast": {"url": f"memory://sem-routes-{uuid.uuid4().hex[:8]}"}, "host": {"url": directory.as_uri()}},
+        "backends": {
+            "fast": {"url": f"memory://sem-routes-{uuid.uuid4().hex[:8]}"},
+            "host": {"url": directory.as_uri()},
+        },
         "routes": {"exports:*": "host"},
     }
     with lockkit.from_config(config) as locks:
