@@ -15,7 +15,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
-from .driver import AsyncPermitDriver, Cancel, Grant, Guarantees, PermitDriver, PermitInfo, PermitMode, RenewRequest
+from .driver import (
+    AsyncPermitDriver,
+    Cancel,
+    Grant,
+    Guarantees,
+    LeaseEvents,
+    PermitDriver,
+    PermitInfo,
+    PermitMode,
+    RenewRequest,
+)
 from .errors import ConfigError
 from .offload import ThreadOffloadDriver
 
@@ -31,11 +41,11 @@ def check_offered(guarantees: Guarantees, backend: str) -> None:
         return
     raise ConfigError(
         f"backend {backend!r} does not offer semaphores or reader-writer locks ({offer.offered}: {offer.why}). "
-        "Route this name to a backend that offers them (memory://, file://, redis://; see docs/semaphores.md)"
+        "Route this name to a backend that offers them (memory://, file://, redis://, etcd://; see docs/semaphores.md)"
     )
 
 
-def _native(driver: Any, guarantees: Guarantees, backend: str) -> Any:
+def _native(driver: Any, guarantees: Guarantees, backend: str, events: LeaseEvents | None) -> Any:
     check_offered(guarantees, backend)
     make = getattr(driver, "permits", None)
     if make is None:
@@ -46,17 +56,18 @@ def _native(driver: Any, guarantees: Guarantees, backend: str) -> Any:
             f"{type(driver).__name__} (not yet: a fencing_epoch option or a migrate backend); route them to a "
             "backend configured without it"
         )
-    return make()
+    return make(events)
 
 
-def sync_permits(driver: Any, backend: str) -> PermitDriver:
-    return cast(PermitDriver, _native(driver, driver.guarantees, backend))
+def sync_permits(driver: Any, backend: str, events: LeaseEvents | None = None) -> PermitDriver:
+    """``driver``'s permit operations; a session-bound one reports the losses of permit leases to ``events``."""
+    return cast(PermitDriver, _native(driver, driver.guarantees, backend, events))
 
 
-def async_permits(driver: Any, backend: str) -> AsyncPermitDriver:
+def async_permits(driver: Any, backend: str, events: LeaseEvents | None = None) -> AsyncPermitDriver:
     if isinstance(driver, ThreadOffloadDriver):
-        return OffloadPermits(sync_permits(driver.sync, backend))
-    return cast(AsyncPermitDriver, _native(driver, driver.guarantees, backend))
+        return OffloadPermits(sync_permits(driver.sync, backend, events))
+    return cast(AsyncPermitDriver, _native(driver, driver.guarantees, backend, events))
 
 
 class OffloadPermits:
@@ -114,4 +125,7 @@ class OffloadPermits:
         return int(await self._run(self.sync.force_release_permits, name))
 
     async def close(self) -> None:
+        close = getattr(self.sync, "close", None)
+        if close is not None:  # a driver's own permit sessions (etcd)
+            await self._run(close)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import lockkit
-from backends.servers import EtcdServer, RedlockServers, ZooKeeperServer
+from backends.servers import RedlockServers, ZooKeeperServer
 from lockkit.driver import Offer
 from lockkit.registry import builtin_schemes, load_factory
 
-OFFERED = {"memory", "file", "redis", "rediss", "unix"}
+OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds"}
 
 
 def _offer(scheme: str) -> Offer:
@@ -46,11 +46,11 @@ def test_sentinel_not_yet_because_of_fencing() -> None:
 
 
 
-@pytest.mark.parametrize("which", ["redlock", "zookeeper", "etcd"])
+@pytest.mark.parametrize("which", ["redlock", "zookeeper"])
 def test_semaphore_refused_before_any_permit_is_sent(
-    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer, etcd_server: EtcdServer
+    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer
 ) -> None:
-    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url, "etcd": etcd_server.url}[which]
+    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url}[which]
     expected = r"\(never: " if which == "redlock" else r"\(not yet: "
     with lockkit.connect(url) as locks:
         with pytest.raises(lockkit.ConfigError, match=expected):
@@ -61,11 +61,11 @@ def test_semaphore_refused_before_any_permit_is_sent(
             assert lease.valid
 
 
-@pytest.mark.parametrize("which", ["redlock", "etcd"])
+@pytest.mark.parametrize("which", ["redlock", "zookeeper"])
 async def test_semaphore_refused_on_the_asyncio_face(
-    which: str, redlock_servers: RedlockServers, etcd_server: EtcdServer
+    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer
 ) -> None:
-    url = {"redlock": redlock_servers.url, "etcd": etcd_server.url}[which]
+    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url}[which]
     async with lockkit.connect_async(url) as locks:
         with pytest.raises(lockkit.ConfigError, match="does not offer semaphores or reader-writer locks"):
             locks.semaphore("refused", limit=2)

@@ -238,9 +238,10 @@ class AsyncLocker:
         target = self.backend_for(name, backend)
         found = self._permit_backends.get(target.name)
         if found is None:
-            permits = async_permits(target.driver, target.name)  # ConfigError where the backend offers none
             view: Backend[AsyncDriver] = Backend(target.name, target.shown_url, self.clock)
             view.stats = target.stats  # one set of statistics per backend, locks and permits together
+            # ConfigError where the backend offers none; a session-bound driver reports permit losses to the view
+            permits = async_permits(target.driver, target.name, view)
             view.attach(AsyncPermitView(permits, target.guarantees))
             found = self._permit_backends[target.name] = (view, permits)
         return found

@@ -240,9 +240,10 @@ class Locker:
         target = self.backend_for(name, backend)
         found = self._permit_backends.get(target.name)
         if found is None:
-            permits = sync_permits(target.driver, target.name)  # ConfigError where the backend offers none
             view: Backend[Driver] = Backend(target.name, target.shown_url, self.clock)
             view.stats = target.stats  # one set of statistics per backend, locks and permits together
+            # ConfigError where the backend offers none; a session-bound driver reports permit losses to the view
+            permits = sync_permits(target.driver, target.name, view)
             view.attach(PermitView(permits, target.guarantees))
             found = self._permit_backends[target.name] = (view, permits)
         return found

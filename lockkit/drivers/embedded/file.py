@@ -438,7 +438,7 @@ class FileDriver:
         with self._presence(group) as live:
             return {m: str(r["value"]) for m, r in live.items()}
 
-    def permits(self) -> Any:
+    def permits(self, events: object = None) -> Any:
         """Semaphores and reader-writer locks (:mod:`.file_permits`), one ``.sem`` file per name."""
         from .file_permits import FilePermits
 

@@ -188,7 +188,7 @@ class MemoryDriver:
 
     # -- semaphores and reader-writer locks (lockkit.driver.PermitDriver) ---------------------------
 
-    def permits(self) -> MemoryDriver:
+    def permits(self, events: object = None) -> MemoryDriver:
         return self
 
     def acquire_permit(

@@ -213,7 +213,7 @@ class AsyncRedisDriver:
         await self._background.close([self._hub])
         await self._node.close()
 
-    def permits(self) -> Any:
+    def permits(self, events: object = None) -> Any:
         """Semaphores and reader-writer locks on this server (issue 18: :mod:`..semaphore_scripts`)."""
         from .semaphore import AsyncRedisPermits
 

@@ -215,7 +215,7 @@ class RedisDriver:
         self._background.close([self._hub])
         self._node.close()
 
-    def permits(self) -> Any:
+    def permits(self, events: object = None) -> Any:
         """Semaphores and reader-writer locks on this server (issue 18: :mod:`..semaphore_scripts`)."""
         from .semaphore import RedisPermits
 
