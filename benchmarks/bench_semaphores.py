@@ -24,9 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import lockkit  # noqa: E402
-from backends.servers import RedisServer  # noqa: E402
-from benchmarks._common import contention, interleave, latency_table, served  # noqa: E402
+import lockkit
+from backends.servers import RedisServer
+from benchmarks._common import contention, interleave, latency_table, served
 
 
 class PermitContender:
