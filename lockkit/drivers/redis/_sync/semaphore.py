@@ -19,7 +19,7 @@ from ....driver import Cancel, Grant, PermitInfo, PermitMode, RenewRequest
 from ....errors import BackendUnavailable
 from ...embedded.permits import limit_mismatch
 from ..calls import Call
-from ..flow import checked, ms, recheck_after
+from ..flow import checked, ms, recheck_after, waiter_id
 from ..semaphore_scripts import (
     SEM_ACQUIRE,
     SEM_CLEAR,
@@ -63,49 +63,66 @@ class RedisPermits:
         driver, keys = self._driver, self._keys(name)
         hub = driver._hub
         hub.own_process()
-        targets = [(hub, keys.channel)]
+        # A permit waiter queues under its waiter id, so that a release can grant it the permit directly on
+        # its client's channel (as a lock's release does); readers and writers are woken on the name's channel.
+        wid = waiter_id(hub.client_id, ttl, token) if mode == "permit" else ""
+        targets = [(hub, keys.channel)] + ([(hub, hub.client_channel)] if wid else [])
         before = snapshots(targets)  # before the first attempt, so that a release in between is not missed
-        call = Call(SEM_ACQUIRE, keys.script_keys(), (token, ms(ttl), limit, mode))
+        listening = bool(wid) and before[1] is not None  # our client's channel is subscribed: queue at once
+
+        def attempt() -> Call:
+            return Call(SEM_ACQUIRE, keys.script_keys(), (token, ms(ttl), limit, mode, wid if listening else "",
+                                                          keys.channel))  # fmt: skip
+
         watcher: SyncWatcher | None = None
+        queued_at: float | None = None
         try:
             while True:
                 sent_at = driver.clock()
-                (reply,) = driver._run([call], False)  # never retried: a lost reply is left by _leave
+                (reply,) = driver._run([attempt()], False)  # never retried: a lost reply is left by _leave
                 status, value = checked(reply, self._label, "semaphore acquire")
                 if status == 1:
-                    return Grant(int(value), ttl, sent_at)
+                    # granted directly by a release: count from before the attempt that queued us
+                    return Grant(int(value), ttl, sent_at if queued_at is None else min(sent_at, queued_at))
                 if status == -2:
                     raise limit_mismatch(name, int(value), limit)
+                if listening and queued_at is None:
+                    queued_at = sent_at
                 now = driver.clock()
                 if (cancel is not None and cancel.cancelled) or (deadline is not None and now >= deadline):
-                    self._leave(name, token)
+                    self._leave(name, token, wid)
                     return None
                 if watcher is None:
-                    watcher = driver._background.watcher(targets, cancel, None, before)
+                    watcher = driver._background.watcher(targets, cancel, wid or None, before)
                     watcher.watch(True)
-                    continue  # subscribed: look again before sleeping, a release may have come between
-                waits = [recheck_after(int(value), ttl) if int(value) >= 0 else None]
+                    listening = bool(wid)
+                    continue  # subscribed: look again (and queue) before sleeping, a release may have come between
+                waits = [recheck_after(int(value), ttl) if int(value) >= 0 else None, ttl / 3]
                 if deadline is not None:
                     waits.append(deadline - now)
-                if mode == "write":
-                    waits.append(ttl / 3)  # refresh the queued place long before it lapses
                 known = [w for w in waits if w is not None]
-                outcome = watcher.wait(max(0.0005, min(known)) if known else None)
+                # ttl/3: a queued waiter refreshes its place (writer or permit) long before it lapses
+                outcome = watcher.wait(max(0.0005, min(known)))
                 if outcome == "cancelled":
-                    self._leave(name, token)
+                    self._leave(name, token, wid)
                     return None
+                if isinstance(outcome, int):  # a release granted us the permit: its fencing token
+                    assert queued_at is not None
+                    return Grant(outcome, ttl, queued_at)
         except BaseException:
-            # An attempt may have been granted (its reply lost) or the writer may be queued: remove both now.
-            driver._background.clean_up(self._leave, name, token)
+            # An attempt or a release may have granted us a permit (its reply or message lost), or we are queued:
+            # remove both now and pass the permit on.
+            driver._background.clean_up(self._leave, name, token, wid)
             raise
         finally:
             if watcher is not None:
                 watcher.close()
 
-    def _leave(self, name: str, token: str) -> None:
+    def _leave(self, name: str, token: str, wid: str = "") -> None:
         keys = self._keys(name)
+        call = Call(SEM_LEAVE, keys.script_keys(), (token, keys.channel, wid, keys.clients))
         with contextlib.suppress(Exception):  # what is left lapses on its own (holder ttl, queued place)
-            self._driver._run([Call(SEM_LEAVE, keys.script_keys(), (token, keys.channel))], True)
+            self._driver._run([call], True)
 
     def renew_permits(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self._driver.clock()
@@ -125,13 +142,15 @@ class RedisPermits:
         keys = self._keys(name)
         # Not retried on a broken connection: a retry that found the permit gone could not tell a release that
         # ran from one that expired (the lock driver's _released explains); the error says the outcome is unknown.
-        (reply,) = self._driver._run([Call(SEM_RELEASE, keys.script_keys(), (token, keys.channel))], False)
+        call = Call(SEM_RELEASE, keys.script_keys(), (token, keys.channel, keys.clients))
+        (reply,) = self._driver._run([call], False)
         return bool(checked(reply, self._label, "semaphore release"))
 
     def permit_holders(self, name: str) -> PermitInfo:
         (reply,) = self._driver._run([Call(SEM_INFO, self._keys(name).script_keys())], True)
-        limit, holders, writes, waiting, fence = (int(x) for x in checked(reply, self._label, "semaphore info"))
-        return PermitInfo(None if limit < 0 else limit, holders, bool(writes), waiting, fence or None, None)
+        values = [int(x) for x in checked(reply, self._label, "semaphore info")]
+        limit, holders, writes, waiting, fence, queued = values
+        return PermitInfo(None if limit < 0 else limit, holders, bool(writes), waiting, fence or None, waiting + queued)
 
     def force_release_permits(self, name: str) -> int:
         keys = self._keys(name)
