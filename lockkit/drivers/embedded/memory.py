@@ -221,7 +221,7 @@ class MemoryDriver:
                             return None
                         # A queued writer refreshes its place well within its ttl; the one re-check otherwise is
                         # at the next holder's expiry.
-                        waits = [w for w in (table.wait_hint(now), None if deadline is None else deadline - now)]
+                        waits = [table.wait_hint(now), None if deadline is None else deadline - now]
                         if mode == "write":
                             waits.append(ttl / 3)
                         known = [w for w in waits if w is not None]
