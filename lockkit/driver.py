@@ -338,6 +338,11 @@ class PermitDriver(Protocol):
     record carries the limit, so fleets that disagree are refused rather than silently mixed. Fencing tokens
     strictly increase per name over every grant of every mode. Permits live in their own key space: a lock and
     a semaphore of the same name are unrelated.
+
+    A driver offers it by declaring ``Guarantees(semaphores=Offer("yes"))`` and a method
+    ``permits(events: LeaseEvents | None) -> PermitDriver`` (an :class:`AsyncPermitDriver` on a native asyncio
+    driver), called once per locker; a session-bound driver reports the losses of permit leases to ``events``.
+    The shipped :class:`lockkit.testing.SemaphoreSuite` checks the rules (docs/semaphores.md).
     """
 
     def acquire_permit(
