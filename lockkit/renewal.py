@@ -345,16 +345,18 @@ class RenewalBook:
         """True: renewed (the caller counts it); False: over or lost (the lease reports it); else the error,
         retried until the deadline."""
         lease = entry.lease
-        if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
-            return False
-        ticket, entry.ticket = entry.ticket, None
         # Losses are counted by the lease's backend as it becomes LOST (Backend.track), not here.
         if isinstance(result, Grant):
+            # The common case without a state check of its own: extend refuses a lease that is released, lost
+            # or past its deadline, and such a lease is reported by its deadline watch (or was already).
+            ticket, entry.ticket = entry.ticket, None
             if lease.extend(result.sent_at, result.ttl, ticket):
                 entry.next_renew = renew_due(lease)
                 return True
-            lease.mark_lost("the renewal came back after the lease's deadline")
             return False
+        if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
+            return False
+        ticket, entry.ticket = entry.ticket, None
         if result is None:  # an answer, not a failure: the token is gone (a loss)
             if ticket is not None:
                 lease.renewal_refused(ticket)
