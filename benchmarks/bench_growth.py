@@ -73,6 +73,7 @@ def main() -> int:
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "growth.json"), dest="out")
     parser.add_argument("--plot", default=str(ROOT / "docs" / "images" / "growth.png"))
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--from-json", metavar="PATH", help="measure nothing: draw the pictures of a saved run")
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one contention run (1)")
     parser.add_argument("--runs", type=int, default=3, help="contention runs per point, median (3)")
     parser.add_argument("--hold", type=float, default=4.0, help="seconds each renewal point is held (4)")
@@ -82,6 +83,11 @@ def main() -> int:
     unknown = sorted(set(only) - set(BACKENDS))
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())["backends"]
+        for path in growth.plot_growth(growth.from_json(json.dumps(saved)), args.plot, floors=_floors(saved)):
+            print(f"plot written to {path}", file=sys.stderr)
+        return 0
     procs, sizes, runs = growth.PROCESSES, growth.SIZES, args.runs
     if args.quick:
         procs, sizes, runs = (1, 2, 4), (10, 100, 1000), 1

@@ -320,16 +320,23 @@ def plot_growth(
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'lockkit[plot]'") from None
     contention_path, renewal_path = plot_paths(path)
+    colour = {r.backend: f"C{i}" for i, r in enumerate(results)}  # one colour per backend in both pictures
     fig, (rate, wait) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in results:
         if not r.contention:
             continue
-        xs = [c.procs for c in r.contention]
-        rate.plot(xs, [c.handoffs_per_s for c in r.contention], marker="o", label=r.backend)
-        wait.plot(xs, [c.wait_p50_ms for c in r.contention], marker="o", label=r.backend)
+        handed = [c for c in r.contention if c.procs > 1]  # one process has nobody to hand off to
+        rate.plot(
+            [c.procs for c in handed], [c.handoffs_per_s for c in handed], marker="o", label=r.backend,
+            color=colour[r.backend],
+        )  # fmt: skip
+        wait.plot(
+            [c.procs for c in r.contention], [c.wait_p50_ms for c in r.contention], marker="o", label=r.backend,
+            color=colour[r.backend],
+        )  # fmt: skip
     for ax, title, unit in (
         (rate, "handoffs per second", "handoffs / s"),
-        (wait, "median wait to acquire", "ms (log)"),
+        (wait, "median wait to acquire (1 process: uncontended)", "ms (log)"),
     ):
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(PROCESSES), [str(p) for p in PROCESSES])
@@ -345,14 +352,15 @@ def plot_growth(
     fig, (cpu, mem) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in results:
         xs = [p.locks for p in r.renewal]
-        line = cpu.plot(xs, [p.cpu_us_per_renewal for p in r.renewal], marker="o", label=r.backend)[0]
+        shade = colour[r.backend]
+        cpu.plot(xs, [p.cpu_us_per_renewal for p in r.renewal], marker="o", label=r.backend, color=shade)
         floor = (floors or {}).get(r.backend)
         if floor:
             cpu.plot(
-                [x for x, _ in floor], [y for _, y in floor], linestyle="--", color=line.get_color(),
+                [x for x, _ in floor], [y for _, y in floor], linestyle="--", color=shade,
                 label=f"{r.backend}: raw PEXPIRE pipeline",
             )  # fmt: skip
-        mem.plot(xs, [p.bytes_per_lock / 1024 for p in r.renewal], marker="o", label=r.backend)
+        mem.plot(xs, [p.bytes_per_lock / 1024 for p in r.renewal], marker="o", label=r.backend, color=shade)
     for ax, title, unit in (
         (cpu, "renewal CPU per lock per renewal", "µs of process CPU (log)"),
         (mem, "Python memory per held lock", "KiB (tracemalloc)"),
