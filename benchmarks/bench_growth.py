@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one contention run (1)")
     parser.add_argument("--runs", type=int, default=3, help="contention runs per point, median (3)")
     parser.add_argument("--hold", type=float, default=4.0, help="seconds each renewal point is held (4)")
-    parser.add_argument("--max-acquire", type=float, default=25.0, help="skip sizes slower to acquire (25 s)")
+    parser.add_argument("--max-acquire", type=float, default=40.0, help="skip sizes slower to acquire (40 s)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
     unknown = sorted(set(only) - set(BACKENDS))
