@@ -218,7 +218,7 @@ def renewal_curve(
             projected = last.acquire_s / last.locks * n
             if projected > max_acquire_s:
                 notes.append(
-                    f"renewal curve stops at {last.locks:,} locks: acquiring {n:,} one after another would take "
+                    f"renewal curve stops at {last.locks:,} locks: acquiring {n:,} would take "
                     f"~{projected:.0f} s at the rate measured ({last.acquire_s / last.locks * 1e3:.2f} ms each)"
                 )
                 break
