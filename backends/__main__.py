@@ -1,4 +1,4 @@
-"""``python -m backends up [redis|redlock|sentinel|zookeeper|etcd|all]...`` / ``python -m backends install``."""
+"""``python -m backends up [redis|redlock|sentinel|zookeeper|etcd|postgres|all]...`` / ``python -m backends install``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from types import FrameType
 
 from backends.servers import (
     EtcdServer,
+    PostgresServer,
     RedisServer,
     RedlockServers,
     SentinelSet,
@@ -20,8 +21,8 @@ from backends.servers import (
     ZooKeeperServer,
 )
 
-KINDS = ("redis", "redlock", "sentinel", "zookeeper", "etcd")
-_Stoppable = RedisServer | RedlockServers | SentinelSet | ZooKeeperServer | EtcdServer
+KINDS = ("redis", "redlock", "sentinel", "zookeeper", "etcd", "postgres")
+_Stoppable = RedisServer | RedlockServers | SentinelSet | ZooKeeperServer | EtcdServer | PostgresServer
 
 
 def _make(kind: str) -> _Stoppable:
@@ -31,6 +32,7 @@ def _make(kind: str) -> _Stoppable:
         "sentinel": SentinelSet,
         "zookeeper": ZooKeeperServer,
         "etcd": EtcdServer,
+        "postgres": PostgresServer,
     }
     return factories[kind]()
 

@@ -24,6 +24,7 @@ from backends.proxy import FaultProxy
 from backends.servers import (
     EtcdCluster,
     EtcdServer,
+    PostgresServer,
     RedisServer,
     RedlockServers,
     SentinelSet,
@@ -36,10 +37,12 @@ __all__ = [
     "fault_proxy",
     "fresh_etcd",
     "fresh_etcd_cluster",
+    "fresh_postgres",
     "fresh_redis",
     "fresh_redlock",
     "fresh_sentinel",
     "fresh_zookeeper",
+    "postgres_server",
     "redis_server",
     "redlock_servers",
     "sentinel_set",
@@ -191,3 +194,20 @@ def fault_proxy() -> Iterator[ProxyFactory]:
         yield factory
     finally:
         _stop_all(started)
+
+
+# ----------------------------------------------------------------- PostgreSQL (issue 19)
+
+PostgresFactory = Callable[..., PostgresServer]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL 15 cluster for the session (superuser URL with a password); do not kill or restart it."""
+    yield from _serve(PostgresServer())
+
+
+@pytest.fixture
+def fresh_postgres() -> Iterator[PostgresFactory]:
+    """``fresh_postgres(**kw)`` -> a started PostgresServer of the test's own (``standby_of=`` for a hot standby)."""
+    yield from _own(PostgresServer)

@@ -47,6 +47,7 @@ __all__ = [
     "STOP_TIMEOUT",
     "EtcdCluster",
     "EtcdServer",
+    "PostgresServer",
     "RedisServer",
     "RedlockServers",
     "SentinelServer",
@@ -1351,3 +1352,154 @@ class EtcdCluster(ServerGroup[EtcdServer]):
         """The running members other than the current leader."""
         leader = self.leader(timeout)
         return [m for m in self.running_members() if m is not leader]
+
+
+# --------------------------------------------------------------------------- PostgreSQL (issue 19)
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_SUPERUSER = "postgres"
+
+
+def _pg_binary(name: str) -> str:
+    """A PostgreSQL program: Debian keeps them in /usr/lib/postgresql/<major>/bin, off PATH."""
+    for candidate in (PG_BIN / name, *sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)):
+        if candidate.exists():
+            return str(candidate)
+    return _require_binary(name)
+
+
+def _pg_account() -> tuple[int, int] | None:
+    """The (uid, gid) the server runs as: PostgreSQL refuses to run as root, so root hands it to an unprivileged
+    account (Debian's ``postgres``, else ``nobody``); any other user runs it as itself (``None``)."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    for user in ("postgres", "nobody"):
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            continue
+        return entry.pw_uid, entry.pw_gid
+    raise ServerError("running as root, but neither a 'postgres' nor a 'nobody' account exists to run PostgreSQL")
+
+
+class PostgresServer(Server):
+    """PostgreSQL 15 in a fresh ``initdb`` cluster on 127.0.0.1, run as an unprivileged account.
+
+    The superuser ``postgres`` has a random password (scram-sha-256 over TCP), so that :attr:`url` carries
+    one, as a production URL would. With ``standby_of``, the cluster is a ``pg_basebackup -R`` copy of that
+    server and runs as a hot standby (read-only, ``pg_is_in_recovery()`` true).
+    """
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        *,
+        standby_of: PostgresServer | None = None,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        ready_timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent)
+        self.standby_of = standby_of
+        self.password = standby_of.password if standby_of is not None else uuid.uuid4().hex
+        self.database = "postgres"
+        self._account = _pg_account()
+
+    def _as_account(self, argv: list[str]) -> list[str]:
+        if self._account is None:
+            return argv
+        uid, gid = self._account
+        return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
+
+    def _give_away(self, path: Path) -> None:
+        if self._account is not None:
+            os.chown(path, *self._account)
+
+    def _prepare(self) -> None:
+        # The account must reach its directories: mkdtemp's 0700 belongs to root.
+        self._give_away(self.workdir)
+        self._give_away(self.data_dir)
+        if (self.data_dir / "PG_VERSION").exists():
+            return  # a restart keeps the cluster
+        if self.standby_of is None:
+            pwfile = self.workdir / "pwfile"
+            pwfile.write_text(self.password + "\n")
+            self._give_away(pwfile)
+            argv = [
+                _pg_binary("initdb"), "-D", str(self.data_dir), "-U", PG_SUPERUSER, "--pwfile", str(pwfile),
+                "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync",
+            ]  # fmt: skip
+        else:
+            primary = self.standby_of
+            argv = [
+                _pg_binary("pg_basebackup"), "-D", str(self.data_dir), "-h", primary.host, "-p", str(primary.port),
+                "-U", PG_SUPERUSER, "-R", "-X", "stream", "--no-sync",
+            ]  # fmt: skip
+        env = self._env()
+        env["PGPASSWORD"] = self.password
+        done = subprocess.run(self._as_account(argv), cwd=self.workdir, env=env, capture_output=True, timeout=120)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode("utf-8", errors="replace")
+            raise ServerError(f"postgres: {argv[0]} failed with status {done.returncode}:\n{output[-4000:]}")
+        os.chmod(self.data_dir, 0o700)
+
+    def _command(self) -> list[str]:
+        argv = [
+            _pg_binary("postgres"),
+            "-D", str(self.data_dir),
+            "-c", f"listen_addresses={self.host}",
+            "-c", f"port={self.port}",
+            "-c", f"unix_socket_directories={self.workdir}",
+            "-c", "fsync=off",
+            "-c", "synchronous_commit=off",
+            "-c", "full_page_writes=off",
+            "-c", "max_connections=300",
+            "-c", "shared_buffers=32MB",
+            "-c", "max_wal_senders=4",
+            "-c", "wal_level=replica",
+            "-c", "hot_standby=on",
+        ]  # fmt: skip
+        return self._as_account(argv + self.extra_args)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{PG_SUPERUSER}:{quote(self.password, safe='')}@{self.host}:{self.port}/{self.database}"
+
+    def url_for(self, user: str, password: str, **options: str) -> str:
+        """The URL of another role on this server (``tests/test_postgres_faults.py``'s ACL test)."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        auth = f"{quote(user, safe='')}:{quote(password, safe='')}"
+        return f"postgresql://{auth}@{self.host}:{self.port}/{self.database}" + (f"?{query}" if query else "")
+
+    def probe(self, timeout: float = 0.5) -> bool:
+        argv = [_pg_binary("pg_isready"), "-q", "-h", self.host, "-p", str(self.port), "-t", str(max(1, round(timeout)))]
+        try:
+            return subprocess.run(argv, capture_output=True, timeout=timeout + 2).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def psql(self, sql: str, database: str | None = None) -> str:
+        """Run ``sql`` as the superuser over the server's Unix socket; the output, unaligned, tuples only."""
+        argv = [
+            _pg_binary("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", str(self.workdir),
+            "-p", str(self.port), "-U", PG_SUPERUSER, "-d", database or self.database, "-c", sql,
+        ]  # fmt: skip
+        done = subprocess.run(self._as_account(argv), capture_output=True, timeout=60, env=self._env())
+        if done.returncode != 0:
+            raise ServerError(f"psql failed: {done.stderr.decode('utf-8', errors='replace')}")
+        return done.stdout.decode("utf-8", errors="replace").strip()
+
+    def _terminate(self) -> None:
+        # SIGTERM is PostgreSQL's *smart* shutdown, which waits for every client to leave: ask for a fast one
+        # (SIGINT: sessions are ended, their advisory locks dropped) and let the base class escalate.
+        proc = self._proc
+        if proc is not None and proc.poll() is None and not self._paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            self._wait_exit_noreap(STOP_TIMEOUT)
+        super()._terminate()
