@@ -1,4 +1,4 @@
-"""``python -m backends up [redis|redlock|sentinel|zookeeper|etcd|postgres|all]...`` / ``python -m backends install``."""
+"""``python -m backends up [redis|redlock|sentinel|zookeeper|etcd|postgres|all]...``, ``python -m backends install``."""
 
 from __future__ import annotations
 

@@ -1477,7 +1477,8 @@ class PostgresServer(Server):
         return f"postgresql://{auth}@{self.host}:{self.port}/{self.database}" + (f"?{query}" if query else "")
 
     def probe(self, timeout: float = 0.5) -> bool:
-        argv = [_pg_binary("pg_isready"), "-q", "-h", self.host, "-p", str(self.port), "-t", str(max(1, round(timeout)))]
+        wait = str(max(1, round(timeout)))
+        argv = [_pg_binary("pg_isready"), "-q", "-h", self.host, "-p", str(self.port), "-t", wait]
         try:
             return subprocess.run(argv, capture_output=True, timeout=timeout + 2).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
