@@ -62,6 +62,8 @@ _BUILTIN: dict[str, _Builtin] = {
     "zookeeper": _Builtin("lockkit.drivers.zookeeper.zookeeper_driver:ZooKeeperDriver", "zookeeper", "kazoo"),
     "etcd": _Builtin("lockkit.drivers.etcd.etcd_driver:EtcdDriver", "etcd", "pyetcd"),
     "etcds": _Builtin("lockkit.drivers.etcd.etcd_driver:EtcdDriver", "etcd", "pyetcd"),
+    "postgresql": _Builtin("lockkit.drivers.postgres.driver:PostgresDriver", "postgres", "psycopg"),
+    "postgres": _Builtin("lockkit.drivers.postgres.driver:PostgresDriver", "postgres", "psycopg"),
 }
 
 
