@@ -90,9 +90,11 @@ def connect_params(url: BackendURL) -> tuple[dict[str, Any], PostgresOptions]:
         "keepalives_count": 3,
         "tcp_user_timeout": int(timeout * 1000),
         # Server settings of every session, sent at connect (no round trip): a session lockkit keeps idle for
-        # hours must not be ended by a role's idle_session_timeout, nor a wait cut short by statement_timeout.
+        # hours must not be ended by a role's idle_session_timeout, nor a wait cut short by statement_timeout;
+        # and a fencing bump is durable before its grant is reported (synchronous_commit off could lose the last
+        # bumps in a server crash, and hand out a token again).
         "options": "-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0 -c statement_timeout=0 "
-        "-c lock_timeout=0",
+        "-c lock_timeout=0 -c synchronous_commit=on",
         "autocommit": True,
     }
     if dbname:
