@@ -29,6 +29,7 @@ QUICK = {
     "redis": ["--ops", "100", "--rounds", "3", "--contend", "2", "--locks", "1000", "--hold", "4"],
     "zookeeper": ["--rounds", "300", "--many", "1000", "--hold", "4", "--contend", "2"],
     "etcd": ["--rounds", "300", "--many", "1000", "--hold", "4", "--contend", "2"],
+    "postgres": ["--rounds", "300", "--many", "1000", "--hold", "2", "--contend", "2"],
 }
 COMPARE_QUICK = ["--quick"]
 
