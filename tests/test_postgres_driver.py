@@ -144,3 +144,30 @@ def test_waiters_beyond_max_sessions_are_told_what_to_raise(postgres_server: Pos
             thread.join(20)
         assert any(isinstance(e, BackendUnavailable) and "max_sessions" in str(e) for e in errors), errors
         assert holder.force_release(name)
+
+
+def test_sessions_left_by_a_burst_of_waiters_are_closed(postgres_server: PostgresServer) -> None:
+    # Each blocked waiter needs a session of its own; once the burst is over, only a couple stay open.
+    name, app = _name(), f"pd{uuid.uuid4().hex[:8]}"
+    url = postgres_server.url + f"?application_name={app}"
+
+    def sessions() -> int:
+        return int(postgres_server.psql(f"SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}'"))
+
+    with lockkit.connect(postgres_server.url) as holder, lockkit.connect(url) as waiters:
+        holder.lock(name, ttl=10).acquire(timeout=5)
+
+        def wait() -> None:
+            with pytest.raises(lockkit.LockTimeout):
+                waiters.lock(name, ttl=5).acquire(timeout=1.5)
+
+        threads = [threading.Thread(target=wait) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        peak = 0
+        while any(thread.is_alive() for thread in threads):
+            peak = max(peak, sessions())
+            time.sleep(0.05)
+        assert peak >= 8, "the waiters did not each wait on a session of their own"
+        assert sessions() <= 3, "the burst's sessions stayed open"
+        assert holder.force_release(name)

@@ -44,6 +44,9 @@ __all__ = ["PostgresDriver"]
 GRANT_TRIES = 3
 """Sessions an acquire tries before giving up when each one it picks turns out to be dead."""
 
+SPARE_SESSIONS = 2
+"""Sessions holding nothing that are kept open for the next acquire; more (left by a burst of waiters) close."""
+
 
 @dataclass(eq=False)
 class _Session:
@@ -53,7 +56,13 @@ class _Session:
     """Keys this session holds or is trying for: never handed to a second acquisition of the same name."""
     waiting: bool = False
     """Blocked in the server's lock queue: no other statement (heartbeat, try) may wait behind it."""
+    queries: int = 0
+    """Administrative queries (holder, force_release, ping) running on it: it is not closed under them."""
     dead: bool = False
+
+    @property
+    def idle(self) -> bool:
+        return not self.keys and not self.waiting and not self.queries and not self.dead
 
 
 @dataclass(eq=False)
@@ -184,13 +193,19 @@ class PostgresDriver:
     def _claim(self, key: int | None, waiting: bool) -> _Session | None:
         """A live session that may run a statement for ``key`` now (under the state lock), claimed for it."""
         for s in self._sessions:
-            if s.dead or s.waiting or (waiting and s.keys) or (key is not None and key in s.keys):
+            if s.dead or s.waiting or (waiting and (s.keys or s.queries)) or (key is not None and key in s.keys):
                 continue
-            if key is not None:
-                s.keys.add(key)
-            s.waiting = waiting
+            self._mark(s, key, waiting)
             return s
         return None
+
+    @staticmethod
+    def _mark(s: _Session, key: int | None, waiting: bool) -> None:
+        if key is None:
+            s.queries += 1  # an administrative query: released by _query
+        else:
+            s.keys.add(key)
+        s.waiting = waiting
 
     def _session_for(self, key: int | None, waiting: bool = False) -> _Session:
         """A session claimed for ``key`` (``None``: any session, for a query), opened if none is free."""
@@ -212,9 +227,7 @@ class PostgresDriver:
             with self._state:
                 self._opening -= 1
         with self._state:
-            if key is not None:
-                s.keys.add(key)
-            s.waiting = waiting
+            self._mark(s, key, waiting)
             self._sessions.append(s)
         if self._closed:
             self._bury(s, "the driver was closed")
@@ -225,6 +238,17 @@ class PostgresDriver:
         with self._state:
             s.keys.discard(key)
             s.waiting = False
+
+    def _trim(self, s: _Session) -> None:
+        """Close ``s`` if it holds nothing and enough other sessions holding nothing stay open."""
+        with self._state:
+            spare = sum(1 for other in self._sessions if other.idle)
+            if not s.idle or spare <= SPARE_SESSIONS:
+                return
+            s.dead = True
+            self._sessions.remove(s)
+        with contextlib.suppress(Exception):  # the server drops the session either way
+            s.conn.close()
 
     def _bury(self, s: _Session, reason: str) -> None:
         """Give up a session: close it (the server then drops its locks) and report its leases lost."""
@@ -279,6 +303,7 @@ class PostgresDriver:
             finally:
                 unhook()
             if row is None:
+                self._trim(s)
                 return None
             with self._state:
                 s.waiting = False
@@ -400,12 +425,13 @@ class PostgresDriver:
         with self._state:
             self._leases.pop(token, None)
             s.keys.discard(held.key)
+        self._trim(s)
         return bool(row is not None and row[0])
 
     # -- administration ------------------------------------------------------------------------
 
     def _query(self, sql: str, params: dict[str, Any] | tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        s = self._session_for(None)
+        s = self._session_for(None)  # counted in s.queries: not trimmed under this query
         try:
             cur = s.conn.execute(sql, params)
             return list(cur.fetchall())
@@ -413,6 +439,9 @@ class PostgresDriver:
             if s.conn.broken or s.conn.closed:
                 self._bury(s, f"the PostgreSQL session ended: {self._redacted(_first_line(exc))}")
             raise self._translate(exc, "read the lock table") from None
+        finally:
+            with self._state:
+                s.queries -= 1
 
     def _where(self, name: str) -> dict[str, Any]:
         key = advisory_key(self._ns, name)
