@@ -171,3 +171,34 @@ def test_sessions_left_by_a_burst_of_waiters_are_closed(postgres_server: Postgre
         assert peak >= 8, "the waiters did not each wait on a session of their own"
         assert sessions() <= 3, "the burst's sessions stayed open"
         assert holder.force_release(name)
+
+
+def test_blocking_wait_ended_by_cancel_leaves_nothing(postgres_server: PostgresServer) -> None:  # C-8
+    # The blocking driver's waiter is ended from another thread by a Cancel (the server query is cancelled):
+    # it returns None at once, and neither a lock nor a waiter is left on the server.
+    from lockkit.driver import Cancel, DriverContext
+    from lockkit.drivers.postgres.driver import PostgresDriver
+    from lockkit.urls import parse_url
+
+    name = _name()
+    holder = PostgresDriver.from_url(parse_url(postgres_server.url), DriverContext())
+    waiter = PostgresDriver.from_url(parse_url(postgres_server.url), DriverContext())
+    try:
+        assert holder.acquire(name, uuid.uuid4().hex, 5.0, None) is not None
+        cancel = Cancel()
+        got: list[object] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(name, uuid.uuid4().hex, 5.0, None, cancel)))
+        thread.start()
+        while holder.holder(name).waiters == 0:
+            time.sleep(0.01)
+        cancelled = time.monotonic()
+        cancel.cancel()
+        thread.join(10)
+        assert got == [None] and time.monotonic() - cancelled < 2.0
+        info = holder.holder(name)
+        assert info.held and info.waiters == 0, "the cancelled wait is still queued"
+        assert holder.force_release(name)
+        assert not waiter.holder(name).held
+    finally:
+        holder.close()
+        waiter.close()
