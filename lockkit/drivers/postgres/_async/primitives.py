@@ -5,13 +5,17 @@ is its blocking twin, with the same names).
   face needs no lock (the blocking face, called from many threads, does);
 * :class:`Background`: the clean-up of an acquire that ended early (unlock what a cancelled wait may have been
   granted) runs in a task of its own here, so a cancelled caller is not held up by a round trip; and a
-  :class:`~lockkit.driver.Cancel` fired from another thread cancels the session's running query.
+  :class:`~lockkit.driver.Cancel` fired from another thread cancels the session's running query;
+* :class:`Watch`: a session's socket watched between statements, so that a session the server ends (a
+  restart, ``pg_terminate_backend``) is noticed at once rather than at the next heartbeat. It watches a
+  duplicate of the socket's descriptor, so that psycopg's own reader on the original is left alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec
@@ -20,7 +24,7 @@ from psycopg import AsyncConnection
 
 from ....driver import Cancel
 
-__all__ = ["Background", "StateLock"]
+__all__ = ["Background", "StateLock", "Watch"]
 
 P = ParamSpec("P")
 
@@ -56,11 +60,51 @@ class Background:
 
         return cancel.on_cancel(fire)
 
+    def watch(self, conn: AsyncConnection[Any], readable: Callable[[], None]) -> Watch:
+        """Call ``readable()`` (on the event loop) whenever ``conn``'s socket has something to read."""
+        return Watch(asyncio.get_running_loop(), conn.fileno(), readable)
+
     async def drain(self) -> None:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Nothing to stop: the watches ran on the event loop."""
 
 
 async def _cancel_query(conn: AsyncConnection[Any]) -> None:
     with contextlib.suppress(Exception):  # a connection already gone has no query left to cancel
         await conn.cancel_safe(timeout=5.0)
+
+
+class Watch:
+    """A reader on a duplicate of a session's socket: :meth:`pause` while a check runs, :meth:`close` at the
+    end (the duplicate would otherwise report the closed socket as readable for ever)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, readable: Callable[[], None]) -> None:
+        self._loop, self._fd, self._readable = loop, os.dup(fd), readable
+        self._closed = False
+        loop.add_reader(self._fd, readable)
+
+    def pause(self) -> None:
+        if not self._closed:
+            self._loop.remove_reader(self._fd)
+
+    def resume(self) -> None:
+        if not self._closed:
+            self._loop.add_reader(self._fd, self._readable)
+
+    def before(self) -> None:
+        """A statement starts: its reply will make the socket readable, which the driver ignores while the
+        session is busy (cheaper than taking the reader out and back for every statement)."""
+
+    def after(self) -> None:
+        """The statement ended (see :meth:`before`)."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):  # a loop already closed has no reader left
+            self._loop.remove_reader(self._fd)
+        os.close(self._fd)

@@ -37,7 +37,7 @@ from ..config import PostgresOptions, connect_params
 from ..facts import ACL_HINT, GUARANTEES
 from ..keys import advisory_key, lock_parts
 from ..sql import Statements
-from .primitives import Background, StateLock
+from .primitives import Background, StateLock, Watch
 
 __all__ = ["PostgresDriver"]
 
@@ -58,11 +58,16 @@ class _Session:
     """Blocked in the server's lock queue: no other statement (heartbeat, try) may wait behind it."""
     queries: int = 0
     """Administrative queries (holder, force_release, ping) running on it: it is not closed under them."""
+    busy: int = 0
+    """Statements in flight: the socket is readable with their replies, which is not news."""
+    checking: bool = False
+    watch: Watch | None = None
+    """The session's socket watched between statements (see :meth:`PostgresDriver._on_readable`)."""
     dead: bool = False
 
     @property
     def idle(self) -> bool:
-        return not self.keys and not self.waiting and not self.queries and not self.dead
+        return not (self.keys or self.waiting or self.queries or self.busy or self.checking or self.dead)
 
 
 @dataclass(eq=False)
@@ -163,7 +168,51 @@ class PostgresDriver:
         except BaseException:
             conn.close()
             raise
-        return _Session(conn, pid)
+        s = _Session(conn, pid)
+        s.watch = self._background.watch(conn, lambda: self._on_readable(s))
+        return s
+
+    def _exec(self, s: _Session, sql: str, params: Any = None) -> Any:
+        """Run one statement on ``s``; its reply is not taken for the server ending the session."""
+        with self._state:
+            s.busy += 1
+        if s.watch is not None:
+            s.watch.before()
+        try:
+            return s.conn.execute(sql, params)
+        finally:
+            with self._state:
+                s.busy -= 1
+            if s.watch is not None:
+                s.watch.after()
+
+    def _on_readable(self, s: _Session) -> None:
+        """The socket of ``s`` has something to read with no statement of ours in flight: the server is almost
+        certainly ending the session (a restart, ``pg_terminate_backend``), which it says before it closes. A
+        heartbeat finds out at once, so that the session's leases are reported lost now, not at the next
+        renewal: by then a restarted server may have granted the locks to someone else."""
+        with self._state:
+            if s.dead or s.checking or s.busy or s.waiting:
+                return  # a reply to our own statement (or the wait's grant)
+            s.checking = True
+        if s.watch is not None:
+            s.watch.pause()
+        self._background.clean_up(self._check, s)
+
+    def _check(self, s: _Session) -> None:
+        try:
+            cur = self._exec(s, self._sql.heartbeat)
+            row = cur.fetchone()
+            if row is None or row[0] != s.pid:
+                self._bury(s, "the PostgreSQL session answering is not the one that holds the locks")
+        except psycopg.Error as exc:
+            if s.conn.broken or s.conn.closed:
+                self._bury(s, f"the PostgreSQL session ended: {self._redacted(_first_line(exc))}")
+        finally:
+            with self._state:
+                s.checking = False
+            if not s.dead and s.watch is not None:
+                s.watch.resume()
 
     def _ensure_table(self, conn: Connection[Any]) -> None:
         cur = conn.execute(self._sql.exists, (self._options.table,))
@@ -247,6 +296,8 @@ class PostgresDriver:
                 return
             s.dead = True
             self._sessions.remove(s)
+        if s.watch is not None:
+            s.watch.close()
         with contextlib.suppress(Exception):  # the server drops the session either way
             s.conn.close()
 
@@ -261,6 +312,8 @@ class PostgresDriver:
                 del self._leases[token]
         for token in lost:
             self._events.lost(token, reason)
+        if s.watch is not None:
+            s.watch.close()
         with contextlib.suppress(Exception):  # closing a broken connection has nothing left to report
             s.conn.close()
 
@@ -324,8 +377,8 @@ class PostgresDriver:
         """
         try:
             if lock_timeout is not None:
-                s.conn.execute(self._sql.set_lock_timeout, (lock_timeout,))
-            cur = s.conn.execute(sql, params)
+                self._exec(s, self._sql.set_lock_timeout, (lock_timeout,))
+            cur = self._exec(s, sql, params)
             row = cur.fetchone()
         except pg_errors.LockNotAvailable:
             self._unclaim(s, key)  # lock_timeout: the server took us off its queue, nothing was granted
@@ -358,7 +411,7 @@ class PostgresDriver:
         """Unlock ``key`` on ``s`` if it holds it (a grant that failed or was abandoned), then free the claim."""
         hi, lo = lock_parts(key)
         try:
-            s.conn.execute(self._sql.unlock_if_held, {"key": key, "hi": hi, "lo": lo})
+            self._exec(s, self._sql.unlock_if_held, {"key": key, "hi": hi, "lo": lo})
         except psycopg.Error as exc:
             self._bury(s, f"the PostgreSQL session failed while undoing a grant: {_first_line(exc)}")
         finally:
@@ -381,7 +434,7 @@ class PostgresDriver:
         for s, indexes in batches.items():
             sent_at = self._clock()
             try:
-                cur = s.conn.execute(self._sql.heartbeat)
+                cur = self._exec(s, self._sql.heartbeat)
                 row = cur.fetchone()
             except psycopg.Error as exc:
                 if s.conn.broken or s.conn.closed:
@@ -409,7 +462,7 @@ class PostgresDriver:
                 return False
             s = held.session
         try:
-            cur = s.conn.execute(self._sql.unlock, (held.key,))
+            cur = self._exec(s, self._sql.unlock, (held.key,))
             row = cur.fetchone()
         except psycopg.Error as exc:
             ended = isinstance(exc, pg_errors.AdminShutdown) or "terminating connection" in str(exc)
@@ -433,7 +486,7 @@ class PostgresDriver:
     def _query(self, sql: str, params: dict[str, Any] | tuple[Any, ...]) -> list[tuple[Any, ...]]:
         s = self._session_for(None)  # counted in s.queries: not trimmed under this query
         try:
-            cur = s.conn.execute(sql, params)
+            cur = self._exec(s, sql, params)
             return list(cur.fetchall())
         except psycopg.Error as exc:
             if s.conn.broken or s.conn.closed:
@@ -469,7 +522,7 @@ class PostgresDriver:
         for token, held in mine:
             self._events.lost(token, "force-released by an administrator")
             try:
-                held.session.conn.execute(self._sql.unlock, (held.key,))
+                self._exec(held.session, self._sql.unlock, (held.key,))
             except psycopg.Error as exc:
                 self._bury(held.session, f"the PostgreSQL session ended: {_first_line(exc)}")
             self._unclaim(held.session, held.key)
@@ -490,5 +543,8 @@ class PostgresDriver:
             self._leases.clear()
         for s in sessions:
             s.dead = True
+            if s.watch is not None:
+                s.watch.close()
             with contextlib.suppress(Exception):  # the server drops the session's locks either way
                 s.conn.close()
+        self._background.stop()

@@ -3,13 +3,19 @@ is its asyncio twin, with the same names).
 
 * :class:`StateLock`: a real lock, as the blocking driver is called from many threads;
 * :class:`Background`: the clean-up of an acquire that ended early runs inline, in the caller's thread; a
-  :class:`~lockkit.driver.Cancel` cancels the session's running query from the thread that fires it.
+  :class:`~lockkit.driver.Cancel` cancels the session's running query from the thread that fires it;
+* :class:`Watch`: a session's socket watched between statements by one thread per driver (started with the
+  first session), so that a session the server ends is noticed at once; it watches a duplicate of the
+  socket's descriptor and never reads from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import selectors
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ParamSpec
@@ -18,7 +24,10 @@ from psycopg import Connection
 
 from ....driver import Cancel
 
-__all__ = ["Background", "StateLock"]
+__all__ = ["Background", "StateLock", "Watch"]
+
+BUSY_PAUSE = 0.001
+"""Seconds the watcher rests after a wake-up, so that a socket that stays readable cannot make it spin."""
 
 P = ParamSpec("P")
 
@@ -37,6 +46,10 @@ class StateLock:
 
 
 class Background:
+    def __init__(self) -> None:
+        self._watcher: _Watcher | None = None
+        self._lock = threading.Lock()
+
     def clean_up(self, step: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
         """Run ``step`` now, in the caller's thread (the asyncio twin runs it in a task)."""
         step(*args, **kwargs)
@@ -52,5 +65,104 @@ class Background:
 
         return cancel.on_cancel(fire)
 
+    def watch(self, conn: Connection[Any], readable: Callable[[], None]) -> Watch:
+        """Call ``readable()`` (on the watcher thread) whenever ``conn``'s socket has something to read."""
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = _Watcher()
+            watcher = self._watcher
+        return watcher.add(conn.fileno(), readable)
+
     def drain(self) -> None:
-        return None
+        return None  # clean-ups ran inline
+
+    def stop(self) -> None:
+        """Stop the watcher thread (after every watch was closed)."""
+        with self._lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
+
+
+class Watch:
+    """One session's socket in the watcher. It is out of the watcher while held (:meth:`pause`, or
+    :meth:`before` a statement: the statement's own reply must not wake the watcher), and :meth:`close` takes
+    it out for good."""
+
+    def __init__(self, watcher: _Watcher, fd: int, readable: Callable[[], None]) -> None:
+        self._watcher, self.fd, self.readable = watcher, os.dup(fd), readable
+        self._lock = threading.Lock()
+        self._holds = 0
+        self._closed = False
+        self._watcher.register(self)
+
+    def pause(self) -> None:
+        with self._lock:
+            self._holds += 1
+            if self._holds == 1 and not self._closed:
+                self._watcher.unregister(self)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            if self._holds == 0 and not self._closed:
+                self._watcher.register(self)
+
+    before = pause
+    after = resume
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._holds == 0:
+                self._watcher.unregister(self)
+        os.close(self.fd)
+
+
+class _Watcher:
+    """The thread that watches the idle session sockets of one blocking driver. Sockets are added and taken out
+    from any thread (epoll allows it); the thread only waits and calls back."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="lockkit-postgres-watch", daemon=True)
+        self._thread.start()
+
+    def add(self, fd: int, readable: Callable[[], None]) -> Watch:
+        return Watch(self, fd, readable)
+
+    def register(self, watch: Watch) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.register(watch.fd, selectors.EVENT_READ, watch)
+
+    def unregister(self, watch: Watch) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(watch.fd)
+
+    def stop(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+        if threading.current_thread() is not self._thread:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                for key, _ in self._selector.select(1.0):
+                    if key.data is None:
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            os.read(self._wake_r, 4096)
+                    else:
+                        key.data.readable()  # the driver pauses the watch while it checks the session
+                time.sleep(BUSY_PAUSE)  # a socket readable again at once (a check not yet started): not a spin
+        finally:
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
