@@ -14,6 +14,9 @@ This file is the source of both faces: ``scripts/unasync.py`` generates ``../_sy
   session that holds nothing (a blocked session cannot send heartbeats for others), which then holds it.
 * Renewal is a heartbeat per session (its backend pid must still answer), whatever the number of its locks.
   A session found dead ends its leases, reported through ``ctx.events.lost``.
+* Between statements every session's socket is watched (:class:`.primitives.Watch`): the server writes to an
+  idle session only to end it, so a readable idle socket triggers a heartbeat at once, and a restart or
+  ``pg_terminate_backend`` is reported before the server can grant the locks again.
 """
 
 from __future__ import annotations
