@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec
@@ -82,7 +83,9 @@ class Watch:
     end (the duplicate would otherwise report the closed socket as readable for ever)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, readable: Callable[[], None]) -> None:
-        self._loop, self._fd, self._readable = loop, os.dup(fd), readable
+        self._loop, self._readable = loop, readable
+        self._sock = socket.socket(fileno=os.dup(fd))
+        self._fd = self._sock.fileno()
         self._closed = False
         loop.add_reader(self._fd, readable)
 
@@ -101,10 +104,20 @@ class Watch:
     def after(self) -> None:
         """The statement ended (see :meth:`before`)."""
 
+    def pending(self) -> bool:
+        """Whether the socket has bytes (or its end) waiting unread, right now; never reads them."""
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True  # a socket in error: the session is gone, which the check will find
+        return True  # a byte, or b"" at the end of the stream
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(Exception):  # a loop already closed has no reader left
             self._loop.remove_reader(self._fd)
-        os.close(self._fd)
+        self._sock.close()

@@ -197,6 +197,8 @@ class PostgresDriver:
         with self._state:
             if s.dead or s.checking or s.busy or s.waiting:
                 return  # a reply to our own statement (or the wait's grant)
+            if s.watch is None or not s.watch.pending():
+                return  # a reply that its statement has read meanwhile
             s.checking = True
         if s.watch is not None:
             s.watch.pause()

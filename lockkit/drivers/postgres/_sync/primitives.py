@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -85,12 +86,15 @@ class Background:
 
 
 class Watch:
-    """One session's socket in the watcher. It is out of the watcher while held (:meth:`pause`, or
-    :meth:`before` a statement: the statement's own reply must not wake the watcher), and :meth:`close` takes
-    it out for good."""
+    """One session's socket in the watcher: out of it while a check runs (:meth:`pause`), and for good after
+    :meth:`close`. A statement's own reply wakes the watcher too; the driver ignores it (the session is busy,
+    or :meth:`pending` finds the reply already read), and the watcher rests :data:`BUSY_PAUSE` after every
+    wake-up, so that a busy socket costs it at most one wake-up a millisecond and the statements nothing."""
 
     def __init__(self, watcher: _Watcher, fd: int, readable: Callable[[], None]) -> None:
-        self._watcher, self.fd, self.readable = watcher, os.dup(fd), readable
+        self._watcher, self.readable = watcher, readable
+        self._sock = socket.socket(fileno=os.dup(fd))
+        self.fd = self._sock.fileno()
         self._lock = threading.Lock()
         self._holds = 0
         self._closed = False
@@ -108,8 +112,15 @@ class Watch:
             if self._holds == 0 and not self._closed:
                 self._watcher.register(self)
 
-    before = pause
-    after = resume
+    def before(self) -> None:
+        """A statement starts: nothing to do (see the class docstring)."""
+
+    def after(self) -> None:
+        """The statement ended."""
+
+    def pending(self) -> bool:
+        """Whether the socket has bytes (or its end) waiting unread, right now; never reads them."""
+        return _pending(self._sock)
 
     def close(self) -> None:
         with self._lock:
@@ -118,7 +129,7 @@ class Watch:
             self._closed = True
             if self._holds == 0:
                 self._watcher.unregister(self)
-        os.close(self.fd)
+        self._sock.close()
 
 
 class _Watcher:
@@ -166,3 +177,13 @@ class _Watcher:
             self._selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+def _pending(sock: socket.socket) -> bool:
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True  # a socket in error: the session is gone, which the check will find
+    return True  # a byte, or b"" at the end of the stream
