@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import socket
 import threading
@@ -72,7 +73,7 @@ class Background:
             if self._watcher is None:
                 self._watcher = _Watcher()
             watcher = self._watcher
-        return watcher.add(conn.fileno(), readable)
+        return Watch(watcher, conn.fileno(), readable)
 
     def drain(self) -> None:
         return None  # clean-ups ran inline
@@ -87,10 +88,10 @@ class Background:
 
 class Watch:
     """One session's socket in the watcher: out of it while a statement or a check runs (:meth:`before` /
-    :meth:`pause`), and for good after :meth:`close`. Taking it out costs two ``epoll_ctl`` calls per
-    statement (about 4 µs measured); leaving it in would wake the watcher thread with every reply, and that
-    thread would then compete for the GIL with the caller just as its reply arrives (measured: lower and less
-    fair handoffs under contention)."""
+    :meth:`pause`), and for good after :meth:`close`. Taking it out and back costs two ``epoll_ctl`` calls
+    per statement (about 1 µs); leaving it in would wake the watcher thread with every reply, and that thread
+    would then compete for the GIL with the caller just as its reply arrives (measured: lower and less fair
+    handoffs under contention)."""
 
     def __init__(self, watcher: _Watcher, fd: int, readable: Callable[[], None]) -> None:
         self._watcher, self.readable = watcher, readable
@@ -99,19 +100,19 @@ class Watch:
         self._lock = threading.Lock()
         self._holds = 0
         self._closed = False
-        self._watcher.register(self)
+        self._watcher.add(self)
 
     def pause(self) -> None:
         with self._lock:
             self._holds += 1
             if self._holds == 1 and not self._closed:
-                self._watcher.unregister(self)
+                self._watcher.arm(self, False)
 
     def resume(self) -> None:
         with self._lock:
             self._holds -= 1
             if self._holds == 0 and not self._closed:
-                self._watcher.register(self)
+                self._watcher.arm(self, True)
 
     before = pause
     after = resume
@@ -125,34 +126,56 @@ class Watch:
             if self._closed:
                 return
             self._closed = True
-            if self._holds == 0:
-                self._watcher.unregister(self)
+            self._watcher.forget(self)
         self._sock.close()
 
 
 class _Watcher:
-    """The thread that watches the idle session sockets of one blocking driver. Sockets are added and taken out
-    from any thread (epoll allows it); the thread only waits and calls back."""
+    """The thread that watches the idle session sockets of one blocking driver. Sockets are armed and disarmed
+    from any thread (epoll allows it; elsewhere a selector, registered and unregistered); the thread only
+    waits and calls back."""
 
     def __init__(self) -> None:
-        self._selector = selectors.DefaultSelector()
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._selector = None if self._epoll is not None else selectors.DefaultSelector()
+        self._watches: dict[int, Watch] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        if self._epoll is not None:
+            self._epoll.register(self._wake_r, select.EPOLLIN)
+        else:
+            assert self._selector is not None
+            self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="lockkit-postgres-watch", daemon=True)
         self._thread.start()
 
-    def add(self, fd: int, readable: Callable[[], None]) -> Watch:
-        return Watch(self, fd, readable)
+    def add(self, watch: Watch) -> None:
+        self._watches[watch.fd] = watch
+        if self._epoll is not None:
+            self._epoll.register(watch.fd, select.EPOLLIN)
+        else:
+            self.arm(watch, True)
 
-    def register(self, watch: Watch) -> None:
+    def arm(self, watch: Watch, on: bool) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
-            self._selector.register(watch.fd, selectors.EVENT_READ, watch)
+            if self._epoll is not None:
+                self._epoll.modify(watch.fd, select.EPOLLIN if on else 0)
+            elif on:
+                assert self._selector is not None
+                self._selector.register(watch.fd, selectors.EVENT_READ)
+            else:
+                assert self._selector is not None
+                self._selector.unregister(watch.fd)
 
-    def unregister(self, watch: Watch) -> None:
+    def forget(self, watch: Watch) -> None:
+        self._watches.pop(watch.fd, None)
         with contextlib.suppress(KeyError, ValueError, OSError):
-            self._selector.unregister(watch.fd)
+            if self._epoll is not None:
+                self._epoll.unregister(watch.fd)
+            else:
+                assert self._selector is not None
+                self._selector.unregister(watch.fd)
 
     def stop(self) -> None:
         self._stopping = True
@@ -161,18 +184,29 @@ class _Watcher:
         if threading.current_thread() is not self._thread:
             self._thread.join(5)
 
+    def _ready(self) -> list[int]:
+        if self._epoll is not None:
+            return [fd for fd, _ in self._epoll.poll(1.0)]
+        assert self._selector is not None
+        return [key.fd for key, _ in self._selector.select(1.0)]
+
     def _run(self) -> None:
         try:
             while not self._stopping:
-                for key, _ in self._selector.select(1.0):
-                    if key.data is None:
+                for fd in self._ready():
+                    if fd == self._wake_r:
                         with contextlib.suppress(BlockingIOError, OSError):
                             os.read(self._wake_r, 4096)
-                    else:
-                        key.data.readable()  # the driver pauses the watch while it checks the session
+                        continue
+                    watch = self._watches.get(fd)
+                    if watch is not None:
+                        watch.readable()  # the driver pauses the watch while it checks the session
                 time.sleep(BUSY_PAUSE)  # a socket readable again at once (a check not yet started): not a spin
         finally:
-            self._selector.close()
+            if self._epoll is not None:
+                self._epoll.close()
+            if self._selector is not None:
+                self._selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
