@@ -5,9 +5,11 @@
 
 Without ``--url`` it starts a throw-away PostgreSQL 15 from backends/ on a free loopback port.
 
-* **raw floor**: what any advisory lock with a fencing token needs at least, on one already open connection:
-  the grant statement (``pg_try_advisory_lock`` and the bump of the name's counter, one statement, one round
-  trip), then ``pg_advisory_unlock``. The driver sends exactly these; the ratio is its own overhead.
+* **raw floor**: what any advisory lock with a fencing token needs at least, on the driver's own session
+  (same connection, same server process: two connections differ by up to 2x on a 2-core machine, with the
+  cores their processes land on): the grant statement (``pg_try_advisory_lock`` and the bump of the name's
+  counter, one statement, one round trip), then ``pg_advisory_unlock``. The driver sends exactly these; the
+  ratio is its own overhead ("driver alone") and the front end's ("lockkit").
 * **contention** (lockkit/cli/contention.py): 4 processes loop acquire → ~1 ms hold → release on one name,
   for lockkit and two raw floors: *blocking* (each waiter blocks in ``pg_advisory_lock``, the server grants
   the lock to the first in its queue on release: what the driver does) and *try + LISTEN/NOTIFY* (waiters
@@ -46,23 +48,28 @@ def _params(name: str) -> dict[str, Any]:
 
 
 def latency(url: str, rounds: int) -> dict[str, list[float]]:
-    with lockkit.connect(url) as locks, psycopg.connect(url, autocommit=True) as conn:
+    """The floor runs on the driver's own session: two loopback connections differ by up to 2x here (which core
+    each backend process lands on), so only the same connection compares like with like."""
+    with lockkit.connect(url) as locks:
         lock = locks.lock(f"bench-{uuid.uuid4().hex[:8]}", ttl=10)
         lock.acquire()
         lock.release()  # the table and the driver's session exist from here on, as in a running service
-        conn.execute("SET synchronous_commit = on")  # as the driver's sessions run
+        driver = locks._backends["default"].driver
+        (session,) = driver._sessions
+        conn, watch = session.conn, session.watch
         raw = _params(f"bench-raw-{uuid.uuid4().hex[:8]}")
 
         def floor() -> None:
+            watch.pause()  # out of the driver's socket watcher, whose thread would otherwise wake on the replies
             row = conn.execute(SQL.try_grant, raw).fetchone()
             assert row is not None
             conn.execute(SQL.unlock, (raw["key"],))
+            watch.resume()
 
         def ours() -> None:
             lock.acquire()
             lock.release()
 
-        driver = locks._backends["default"].driver
         name, token = f"bench-d-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
 
         def driver_only() -> None:  # the driver's share of the overhead, without the front end's lease bookkeeping
