@@ -79,6 +79,7 @@ M = TypeVar("M", bound="Server")
 G = TypeVar("G", bound="ServerGroup[Any]")
 C = TypeVar("C", bound="EtcdCluster")
 SS = TypeVar("SS", bound="SentinelSet")
+RC = TypeVar("RC", bound="RedisCluster")
 
 
 class ServerError(RuntimeError):
@@ -1389,3 +1390,126 @@ class EtcdCluster(ServerGroup[EtcdServer]):
         """The running members other than the current leader."""
         leader = self.leader(timeout)
         return [m for m in self.running_members() if m is not leader]
+
+
+# --------------------------------------------------------------------------- Redis Cluster
+
+
+class RedisClusterNode(RedisServer):
+    """One ``redis-server --cluster-enabled yes`` on loopback, its cluster bus on a free port of its own."""
+
+    name = "redis-cluster"
+
+    def __init__(self, *, node_timeout_ms: int = 1000, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(extra_args=extra_args, **kwargs)
+        self.node_timeout_ms = node_timeout_ms
+        self.bus_port: int | None = None
+
+    def _allocate_extra_ports(self) -> None:
+        self.bus_port = free_port(self.host)
+
+    def _command(self) -> list[str]:
+        if self.bus_port is None:
+            self._allocate_extra_ports()
+        assert self.bus_port is not None
+        return [
+            *super()._command(),
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-port", str(self.bus_port),
+            # a replica of a dead master may take over at once, however long its link was down
+            "--cluster-replica-validity-factor", "0",
+        ]  # fmt: skip
+
+    def ask(self, *command: str | int) -> Any:
+        import redis
+
+        client = redis.Redis(self.host, self.port, password=self.password, socket_timeout=5, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def node_id(self) -> str:
+        return str(self.ask("CLUSTER", "MYID"))
+
+
+class RedisCluster(ServerGroup[RedisClusterNode]):
+    """``masters`` masters (default 3) with ``replicas`` replicas each, made one cluster by
+    ``redis-cli --cluster create … --cluster-yes``; ``start`` returns once every node reports ``cluster_state:ok``
+    and agrees on the slot map. Members are stopped by PID like every server here."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, *, node_timeout_ms: int = 1000) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self.n_masters, self.n_replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        self.members = []
+
+    def start(self: RC) -> RC:
+        try:
+            for _ in range(self.n_masters * (1 + self.n_replicas)):
+                node = RedisClusterNode(node_timeout_ms=self.node_timeout_ms)
+                self.members.append(node)
+                node.start()
+            argv = [_require_binary("redis-cli"), "--cluster", "create"]
+            argv += [f"{n.host}:{n.port}" for n in self.members]
+            argv += ["--cluster-replicas", str(self.n_replicas), "--cluster-yes"]
+            done = subprocess.run(argv, capture_output=True, timeout=60, env=_clean_env(), check=False)
+            if done.returncode != 0:
+                raise ServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}")
+            self.wait_settled()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_settled(self, timeout: float = 30.0) -> None:
+        """Until every running node says ``cluster_state:ok`` and they all report the same slot map."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(Exception):
+                if self._settled():
+                    return
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(f"redis cluster: not settled after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _settled(self) -> bool:
+        maps = set()
+        for node in self.running_members():
+            if "cluster_state:ok" not in str(node.ask("CLUSTER", "INFO")):
+                return False
+            maps.add(repr(sorted((s[0], s[1], s[2][1]) for s in node.ask("CLUSTER", "SLOTS"))))
+        return len(maps) == 1
+
+    def running_members(self) -> list[RedisClusterNode]:
+        return [m for m in self.members if m.running and not m.paused]
+
+    def masters(self) -> list[RedisClusterNode]:
+        """The running nodes that are masters serving slots, as they say themselves."""
+        out = []
+        for node in self.running_members():
+            role = node.ask("ROLE")
+            if role[0] == "master" and any(int(s[1]) >= 0 for s in node.ask("CLUSTER", "SLOTS")):
+                out.append(node)
+        return out
+
+    def node_for_slot(self, slot: int) -> RedisClusterNode:
+        """The running master serving ``slot`` (as the first running node says)."""
+        for slot_range in self.running_members()[0].ask("CLUSTER", "SLOTS"):
+            if int(slot_range[0]) <= slot <= int(slot_range[1]):
+                port = int(slot_range[2][1])
+                for node in self.members:
+                    if node.port == port:
+                        return node
+        raise ServerError(f"redis cluster: no node serves slot {slot}")
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://h1:p1,h2:p2,h3:p3``: the masters as started (any node would do as a seed)."""
+        return "redis+cluster://" + ",".join(f"{n.host}:{n.port}" for n in self.members[: self.n_masters])
+
+    def stop(self) -> None:
+        """SIGKILL every member (by PID) and delete its directory: the data is thrown away anyway."""
+        self._stop_members(kill_first=True)
