@@ -1438,7 +1438,7 @@ class RedisClusterNode(RedisServer):
 class RedisCluster(ServerGroup[RedisClusterNode]):
     """``masters`` masters (default 3) with ``replicas`` replicas each, made one cluster by
     ``redis-cli --cluster create … --cluster-yes``; ``start`` returns once every node reports ``cluster_state:ok``
-    and agrees on the slot map. Members are stopped by PID like every server here."""
+    and agrees on the slot map, and every replica is in sync. Members are stopped by PID like every server here."""
 
     def __init__(self, masters: int = 3, replicas: int = 0, *, node_timeout_ms: int = 1000) -> None:
         if masters < 3:
@@ -1449,7 +1449,9 @@ class RedisCluster(ServerGroup[RedisClusterNode]):
     def start(self: RC) -> RC:
         try:
             for _ in range(self.n_masters * (1 + self.n_replicas)):
-                node = RedisClusterNode(node_timeout_ms=self.node_timeout_ms)
+                # no delay before a diskless full sync (5 s by default): the replicas are in sync at once
+                sync = ["--repl-diskless-sync-delay", "0"]
+                node = RedisClusterNode(node_timeout_ms=self.node_timeout_ms, extra_args=sync)
                 self.members.append(node)
                 node.start()
             argv = [_require_binary("redis-cli"), "--cluster", "create"]
@@ -1481,6 +1483,8 @@ class RedisCluster(ServerGroup[RedisClusterNode]):
             if "cluster_state:ok" not in str(node.ask("CLUSTER", "INFO")):
                 return False
             maps.add(repr(sorted((s[0], s[1], s[2][1]) for s in node.ask("CLUSTER", "SLOTS"))))
+            if node.ask("ROLE")[0] == "slave" and node.ask("INFO", "replication").get("master_link_status") != "up":
+                return False  # a replica still syncing: a WAIT 1 would not count it
         return len(maps) == 1
 
     def running_members(self) -> list[RedisClusterNode]:
