@@ -198,8 +198,16 @@ def test_R7_slot_migration_keeps_a_held_lock_exclusive_and_renewable_and_wakes_t
         assert source.ask("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
         assert target.ask("CLUSTER", "COUNTKEYSINSLOT", slot) >= 3  # lock, fence and the waiter's queue
         lock.renew()  # the source answers ASK: renewed on the target after ASKING
-        assert third.lock(n).try_acquire() is None  # still exclusive in the middle of the move
+        # A third client's attempt in the middle of the move waits for it to end (an ASK is not followed by an
+        # acquire: the target's epoch may still be below the source's), then finds the lock taken.
+        tried: list[Any] = []
+        attempt = threading.Thread(target=lambda: tried.append(third.lock(n).try_acquire()))
+        attempt.start()
+        time.sleep(0.3)
+        assert not tried
         _finish_migration(cluster, slot, target)
+        attempt.join(10)
+        assert tried == [None]
         lock.renew()  # MOVED: the map is refreshed, renewed on the new master
         assert third.lock(n).try_acquire() is None
         assert held.valid and not got

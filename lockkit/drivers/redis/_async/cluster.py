@@ -7,7 +7,8 @@ its lock's slot; the URL, guarantees and what migrations and failovers do are do
 
 * **routing**: the slot map comes from ``CLUSTER NODES`` (the first seed that answers, then any known master);
   each call goes to the master of its first key's slot, on a pool of its own per master. ``MOVED`` refreshes the
-  map and sends the call again (nothing ran), ``ASK`` sends it once to the importing master after ``ASKING``,
+  map and sends the call again (nothing ran), ``ASK`` sends it once to the importing master after ``ASKING``
+  (but an acquire, which waits for the move to end: see :meth:`AsyncClusterDriver._routed`),
   ``TRYAGAIN`` and ``CLUSTERDOWN`` wait a little and send it again; a master that refuses or drops connections
   refreshes the map (its replica may have been promoted) until ``failover_wait``. Replicas are never sent a
   call: they would answer a write with ``MOVED`` anyway;
@@ -163,6 +164,7 @@ class AsyncClusterDriver(AsyncRedisDriver):
         ``_attempt``: the acquire finds its own token, the others are owner-checked)."""
         slot = self._slot(calls)
         lifted = any(call.script in _EPOCH_SCRIPTS for call in calls)
+        acquiring = any(call.script is FAIR_ACQUIRE for call in calls)
         send = [*calls, _INFO] if lifted else list(calls)
         give_up = time.monotonic() + self.target.options.failover_wait
         repeated, asking = False, None
@@ -187,6 +189,11 @@ class AsyncClusterDriver(AsyncRedisDriver):
                     epoch = my_epoch(replies[-1]) if lifted else 0
                     return (replies[:-1] if lifted else replies), epoch or 0, repeated
                 last = ResponseError(f"{where.kind} {where.slot if where.slot is not None else ''}".strip())
+                if where.kind == "ASK" and acquiring:
+                    # Not followed: the importing master's epoch may still be below the source's until the move
+                    # ends (SETSLOT NODE gives it one above all), so a grant there could carry a token below one
+                    # granted before the move. Wait for the move to end: then MOVED names the new master.
+                    raise _Retry("the slot is being migrated; an acquire waits until the move ends")
                 if where.kind == "ASK":
                     assert where.host is not None and where.port is not None
                     asking = Shard(where.host, where.port, 0)
