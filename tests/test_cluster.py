@@ -253,3 +253,36 @@ def test_R8_master_killed_replica_promoted_lock_followed_or_loss_reported(
     with lockkit.connect(cluster.url) as locks, locks.lock(n, ttl=5) as after:  # no replica left: no min_replicas
         assert after.fencing_token > held.fencing_token  # the promoted master's epoch is higher
         assert after.fencing_token >> EPOCH_SHIFT > held.fencing_token >> EPOCH_SHIFT
+
+
+def _replica_of(cluster: RedisCluster, master: RedisClusterNode) -> RedisClusterNode:
+    (line,) = master.ask("CLUSTER", "REPLICAS", master.node_id())
+    port = int(line.split()[1].split("@")[0].rpartition(":")[2])
+    return next(m for m in cluster.members if m.port == port)
+
+
+@pytest.mark.slow
+def test_R8_grant_the_replica_never_received_is_reported_lost(fresh_redis_cluster: RedisClusterFactory) -> None:
+    """The replica is SIGSTOPped and its replication link cut on the master's side (what the kernel had already
+    buffered for a stopped process would still arrive), the master grants and is SIGKILLed, the replica resumes
+    and is promoted without the grant: the holder's next renewal reports the loss, never a silent success."""
+    cluster = fresh_redis_cluster(replicas=1)
+    n = name()
+    slot = key_slot(cluster_lock_keys("lockkit:", n).lock)
+    master = cluster.node_for_slot(slot)
+    replica = _replica_of(cluster, master)
+    with lockkit.connect(cluster.url + "?failover_wait=20") as locks:
+        lock = locks.lock(n, ttl=30, auto_renew=False)
+        replica.pause()
+        try:
+            master.ask("CLIENT", "KILL", "TYPE", "replica")  # it cannot reconnect while stopped
+            held = lock.acquire(timeout=5)
+            master.kill()
+        finally:
+            replica.resume()
+        with pytest.raises(lockkit.LockLost):
+            lock.renew()  # on the promoted replica, which never had the key
+        assert not held.valid
+        assert cluster.node_for_slot(slot) is replica
+        with locks.lock(n, ttl=5) as after:  # another grant there: its token outranks the lost one
+            assert after.fencing_token > held.fencing_token
