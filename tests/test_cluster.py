@@ -286,3 +286,35 @@ def test_R8_grant_the_replica_never_received_is_reported_lost(fresh_redis_cluste
         assert cluster.node_for_slot(slot) is replica
         with locks.lock(n, ttl=5) as after:  # another grant there: its token outranks the lost one
             assert after.fencing_token > held.fencing_token
+
+
+CLUSTER_RULE = (
+    "on >pw-CL resetkeys ~lockkit:* resetchannels &lockkit:* -@all +evalsha +script|load +set +get +del +incr "
+    "+pexpire +pttl +spublish +time +lindex +lpop +lrem +rpush +llen +zscore +zadd +zrem +zcount +ssubscribe "
+    "+sunsubscribe +ping +info +config|get +cluster|nodes +cluster|info +asking"
+)
+"""docs/backends/redis.md's cluster ACL, as written there."""
+
+
+def test_documented_cluster_acl_rule_is_enough(redis_cluster: RedisCluster) -> None:
+    user = f"lk{secrets.token_hex(3)}"
+    for node in redis_cluster.members:  # ACL users are per node: a cluster does not share them
+        node.ask("ACL", "SETUSER", user, *CLUSTER_RULE.split())
+    try:
+        url = redis_cluster.url.replace("redis+cluster://", f"redis+cluster://{user}:pw-CL@")
+        with lockkit.connect(url) as a, lockkit.connect(url) as b:
+            for _ in range(6):  # names on every master
+                n = name()
+                lock = a.lock(n, ttl=5)
+                lock.acquire(timeout=2)
+                threading.Timer(0.2, lock.release).start()
+                waiter = b.lock(n, ttl=5)
+                waiter.acquire(timeout=3)  # woken on the shard channel
+                waiter.renew()
+                assert b.holder(n).held
+                assert a.force_release(n)
+            for node in redis_cluster.members:  # every wake-up came by a granted subscription, not a retry
+                assert "ssubscribe" not in str(node.ask("ACL", "LOG"))
+    finally:
+        for node in redis_cluster.members:
+            node.ask("ACL", "DELUSER", user)

@@ -16,6 +16,7 @@ reads the driver's slot map but never asks the cluster itself.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 from .cluster_config import key_slot
@@ -25,7 +26,10 @@ from .hub import Hub, Snapshot, Wake
 __all__ = ["ClusterHub"]
 
 REPLACE_AFTER = 0.1
-"""Seconds before a handed-back channel is placed again: time for a failover or a refresh of the map."""
+"""Seconds before a handed-back channel is placed again: time for a failover or a refresh of the map. Doubled
+(up to :data:`REPLACE_MAX`) while it keeps coming back within a second or two: a dead master, or an ACL that
+refuses SSUBSCRIBE, is not retried in a tight loop."""
+REPLACE_MAX = 1.0
 
 
 class ClusterHub(Hub):
@@ -41,6 +45,8 @@ class ClusterHub(Hub):
         self._placed: dict[bytes, Hub] = {}
         self._homeless: dict[bytes, set[Wake]] = {}
         self._told: dict[bytes, tuple[str, int]] = {}
+        self._backoff: dict[bytes, tuple[float, float]] = {}
+        """Per channel handed back: when it last was, and the delay it was given."""
         self._version = 0
         """Bumped whenever a channel is handed back: a snapshot across it is void."""
 
@@ -113,7 +119,13 @@ class ClusterHub(Hub):
         if where is not None:
             self._told[channel] = where
         self._homeless.setdefault(channel, set()).update(waiters)
-        asyncio.get_running_loop().call_later(REPLACE_AFTER, self._place_again, channel)
+        loop = asyncio.get_running_loop()
+        last, delay = self._backoff.get(channel, (-math.inf, 0.0))
+        delay = min(REPLACE_MAX, delay * 2) if loop.time() - last < 2 * REPLACE_MAX + delay else REPLACE_AFTER
+        if len(self._backoff) > 1024:  # forget channels long settled
+            self._backoff = {c: v for c, v in self._backoff.items() if loop.time() - v[0] < 4 * REPLACE_MAX}
+        self._backoff[channel] = (loop.time(), delay)
+        loop.call_later(delay, self._place_again, channel)
 
     def _place_again(self, channel: bytes) -> None:
         waiters = self._homeless.pop(channel, set())

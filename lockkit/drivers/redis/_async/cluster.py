@@ -100,8 +100,8 @@ class AsyncClusterDriver(AsyncRedisDriver):
 
     def _node_of(self, shard: Shard) -> AsyncNode:
         node = self._nodes.get((shard.host, shard.port))
-        if node is None:
-            node = self._nodes[(shard.host, shard.port)] = AsyncNode(self.target.node(shard.host, shard.port))
+        if node is None:  # setdefault: two threads of the blocking face must not each keep a pool of their own
+            node = self._nodes.setdefault((shard.host, shard.port), AsyncNode(self.target.node(shard.host, shard.port)))
         return node
 
     async def _refresh(self, first: tuple[str, int] | None = None) -> None:
@@ -117,7 +117,8 @@ class AsyncClusterDriver(AsyncRedisDriver):
             if (spec.host, spec.port) in seen:
                 continue
             seen.add((spec.host, spec.port))
-            node = self._nodes.get((spec.host or "", spec.port or 0)) or AsyncNode(spec)
+            known = self._nodes.get((spec.host or "", spec.port or 0))
+            node = known or AsyncNode(spec)  # a seed not (yet) in the map: a node of its own, closed after
             try:
                 (reply,) = await node.run([Call(None, (), _NODES)], True)
             except AuthenticationError as exc:
@@ -126,7 +127,7 @@ class AsyncClusterDriver(AsyncRedisDriver):
                 failures.append(str(translate(spec, exc)))
                 continue
             finally:
-                if (spec.host, spec.port) not in self._nodes:
+                if known is None:
                     await node.close()
             if isinstance(reply, ResponseError):
                 if "cluster support disabled" in str(reply):

@@ -102,8 +102,8 @@ class ClusterDriver(RedisDriver):
 
     def _node_of(self, shard: Shard) -> SyncNode:
         node = self._nodes.get((shard.host, shard.port))
-        if node is None:
-            node = self._nodes[(shard.host, shard.port)] = SyncNode(self.target.node(shard.host, shard.port))
+        if node is None:  # setdefault: two threads of the blocking face must not each keep a pool of their own
+            node = self._nodes.setdefault((shard.host, shard.port), SyncNode(self.target.node(shard.host, shard.port)))
         return node
 
     def _refresh(self, first: tuple[str, int] | None = None) -> None:
@@ -119,7 +119,8 @@ class ClusterDriver(RedisDriver):
             if (spec.host, spec.port) in seen:
                 continue
             seen.add((spec.host, spec.port))
-            node = self._nodes.get((spec.host or "", spec.port or 0)) or SyncNode(spec)
+            known = self._nodes.get((spec.host or "", spec.port or 0))
+            node = known or SyncNode(spec)  # a seed not (yet) in the map: a node of its own, closed after
             try:
                 (reply,) = node.run([Call(None, (), _NODES)], True)
             except AuthenticationError as exc:
@@ -128,7 +129,7 @@ class ClusterDriver(RedisDriver):
                 failures.append(str(translate(spec, exc)))
                 continue
             finally:
-                if (spec.host, spec.port) not in self._nodes:
+                if known is None:
                     node.close()
             if isinstance(reply, ResponseError):
                 if "cluster support disabled" in str(reply):
