@@ -318,3 +318,78 @@ def test_documented_cluster_acl_rule_is_enough(redis_cluster: RedisCluster) -> N
     finally:
         for node in redis_cluster.members:
             node.ask("ACL", "DELUSER", user)
+
+
+@pytest.mark.slow
+def test_R7_async_face_follows_a_slot_migration(fresh_redis_cluster: RedisClusterFactory) -> None:
+    """The asyncio face through the same move: auto-renewal carries the lock, the waiter is woken after it."""
+    import asyncio
+
+    cluster = fresh_redis_cluster()
+    n = name()
+    keys = cluster_lock_keys("lockkit:", n)
+    slot = key_slot(keys.lock)
+    source = cluster.node_for_slot(slot)
+    target = next(m for m in cluster.members if m is not source)
+
+    def move() -> None:
+        _start_migration(cluster, slot, source, target)
+        _move_keys(source, target, [keys.lock, keys.fence, keys.queue, keys.alive])
+        time.sleep(0.5)  # renewals run in the ASK phase (ttl 1.5 s: one every 0.5 s)
+        _finish_migration(cluster, slot, target)
+
+    async def main() -> None:
+        async with lockkit.connect_async(cluster.url) as a, lockkit.connect_async(cluster.url) as b:
+            holder = a.lock(n, ttl=1.5)
+            held = await holder.acquire(timeout=5)
+            waiter = asyncio.ensure_future(b.lock(n, ttl=5).acquire(timeout=30))
+            while not (await a.holder(n)).waiters:
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(move)
+            await asyncio.sleep(1.5)  # a whole TTL on the new master: renewed there, or lost
+            assert held.valid
+            assert not waiter.done()
+            released = time.monotonic()
+            await holder.release()
+            lease = await waiter
+            assert time.monotonic() - released < SLACK
+            assert lease.fencing_token > held.fencing_token
+            await b.force_release(n)
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_R8_waiter_is_served_across_a_failover(fresh_redis_cluster: RedisClusterFactory) -> None:
+    """A waiter queued on a master that is SIGKILLed is served once the holder releases on the promoted replica
+    (the promotion takes about 2 s here, well within failover_wait: being told BackendUnavailable would fail)."""
+    cluster = fresh_redis_cluster(replicas=1)
+    n = name()
+    slot = key_slot(cluster_lock_keys("lockkit:", n).lock)
+    url = cluster.url + "?failover_wait=15"
+    with lockkit.connect(url + "&min_replicas=1&replica_timeout=1") as holder_side, lockkit.connect(url) as waiter_side:
+        lock = holder_side.lock(n, ttl=20, auto_renew=False)
+        held = lock.acquire(timeout=5)
+        got: list[Any] = []
+
+        def wait() -> None:
+            try:
+                got.append(waiter_side.lock(n, ttl=5, auto_renew=False).acquire(timeout=40))
+            except BaseException as exc:  # reported, never swallowed
+                got.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not holder_side.holder(n).waiters and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cluster.node_for_slot(slot).kill()
+        lock.renew()  # follows the promoted replica (the grant was acknowledged by it)
+        time.sleep(0.5)  # the waiter's channels move to the promoted replica
+        lock.release()
+        waiter.join(45)
+        assert not waiter.is_alive()
+        (result,) = got
+        assert isinstance(result, lockkit.Lease), repr(result)
+        assert result.fencing_token > held.fencing_token
+        waiter_side.force_release(n)
