@@ -393,3 +393,29 @@ def test_R8_waiter_is_served_across_a_failover(fresh_redis_cluster: RedisCluster
         assert isinstance(result, lockkit.Lease), repr(result)
         assert result.fencing_token > held.fencing_token
         waiter_side.force_release(n)
+
+
+def test_C10_paused_master_is_backend_unavailable_and_others_carry_on(
+    fresh_redis_cluster: RedisClusterFactory,
+) -> None:
+    """A SIGSTOPped master times calls to its slots out as BackendUnavailable (a lockkit error, not redis-py's),
+    within about the timeout; locks on the other masters are not held up."""
+    cluster = fresh_redis_cluster()
+    names = [name() for _ in range(40)]
+    paused = cluster.node_for_slot(key_slot(cluster_lock_keys("lockkit:", names[0]).lock))
+    elsewhere = next(
+        n for n in names if cluster.node_for_slot(key_slot(cluster_lock_keys("lockkit:", n).lock)) is not paused
+    )
+    with lockkit.connect(cluster.url + "?timeout=0.5") as locks:
+        with locks.lock(names[0], ttl=5):
+            pass  # connected and mapped
+        paused.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(lockkit.BackendUnavailable, match="unreachable"):
+                locks.lock(names[0], ttl=5).acquire(timeout=1)
+            assert time.monotonic() - started < 5
+            with locks.lock(elsewhere, ttl=5) as lease:
+                assert lease.fencing_token > 0
+        finally:
+            paused.resume()

@@ -9,6 +9,8 @@ With the default prefix ``lockkit:`` the lock named ``N`` uses::
     lockkit:{E}:alive   redis:// only: waiter id → alive-until in server ms (a sorted set)
     lockkit:client:C    redis:// only: the pub/sub channel of client C, on which a release tells one of
                         C's waiters that it was granted the lock (waiter ids are "C.<ttl ms>.<token>")
+    lockkit:{E}:client:C  redis+cluster:// instead: C's channel for this lock, in its slot (a script may
+                        SPUBLISH only there); see :func:`cluster_lock_keys`
 
 and the presence group ``G`` (see :mod:`.presence`) uses::
 

@@ -171,6 +171,7 @@ class AsyncClusterDriver(AsyncRedisDriver):
         repeated, asking = False, None
         backoff = 0.02
         last: BaseException | None = None
+        shard: Shard | None = None
         while True:
             try:
                 if not self._map.known:
@@ -214,6 +215,8 @@ class AsyncClusterDriver(AsyncRedisDriver):
                     last = down
             except _Retry as exc:
                 last = exc
+            except RedisError as exc:  # a timeout (a paused or cut-off master), a protocol error: as redis:// does
+                raise translate(self.spec if slot is None or shard is None else self._node_of(shard).spec, exc) from exc
             if time.monotonic() >= give_up:
                 raise BackendUnavailable(
                     f"redis+cluster: no master served slot {slot} within failover_wait="

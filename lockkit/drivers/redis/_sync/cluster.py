@@ -173,6 +173,7 @@ class ClusterDriver(RedisDriver):
         repeated, asking = False, None
         backoff = 0.02
         last: BaseException | None = None
+        shard: Shard | None = None
         while True:
             try:
                 if not self._map.known:
@@ -216,6 +217,8 @@ class ClusterDriver(RedisDriver):
                     last = down
             except _Retry as exc:
                 last = exc
+            except RedisError as exc:  # a timeout (a paused or cut-off master), a protocol error: as redis:// does
+                raise translate(self.spec if slot is None or shard is None else self._node_of(shard).spec, exc) from exc
             if time.monotonic() >= give_up:
                 raise BackendUnavailable(
                     f"redis+cluster: no master served slot {slot} within failover_wait="
