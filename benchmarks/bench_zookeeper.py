@@ -6,11 +6,15 @@
 Without ``--url`` it starts a throw-away standalone ZooKeeper from backends/ on
 a free loopback port (tickTime 200 ms).
 
+* **requests**: how many ZooKeeper requests of each type one uncontended
+  acquire+release sends, on one name and on a fresh name (deterministic).
 * **raw floor**: what any ZooKeeper lock needs at least, measured in the same
   run on an open session: kazoo ``create(ephemeral=True)`` under an existing
   parent plus ``delete``. kazoo's own ``Lock`` recipe is measured beside it.
 * **lockkit**: ``lock.acquire()`` + ``lock.release()`` uncontended (auto-renew
-  on, session open), medians, p99 and the ratios to the floor.
+  on, session open), medians, p99 and the ratios to the floor, both on one
+  name used again and again and on a fresh name each time (a lock per order
+  id: the parent node does not exist yet), kazoo's ``Lock`` beside each.
 * **contention** (lockkit/cli/contention.py, the Redis issue's rules): 4 processes
   (4 sessions) loop acquire → ~1 ms busy hold → release on one name, lockkit
   and then kazoo's ``Lock``, each process with its own client; handoffs/s,
@@ -25,6 +29,7 @@ a free loopback port (tickTime 200 ms).
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import sys
 import time
@@ -45,12 +50,13 @@ KAZOO_PARENT = "/bench-kazoo-contend"
 
 
 def latency(url: str, rounds: int) -> dict[str, list[float]]:
-    """Raw floor, lockkit and kazoo's Lock, interleaved."""
+    """Raw floor, lockkit and kazoo's Lock on one name and on a fresh name per operation, interleaved."""
     raw_client = KazooClient(hosts=hosts(url))
     raw_client.start()
     parent = f"/bench-raw-{uuid.uuid4().hex[:8]}"
     raw_client.ensure_path(parent)
     recipe = raw_client.Lock(f"/bench-kazoo-{uuid.uuid4().hex[:8]}")
+    fresh_base = f"/bench-kazoo-fresh-{uuid.uuid4().hex[:8]}"
 
     def floor() -> None:
         raw_client.delete(raw_client.create(f"{parent}/n", b"t", ephemeral=True))
@@ -58,6 +64,11 @@ def latency(url: str, rounds: int) -> dict[str, list[float]]:
     def kazoo_lock() -> None:
         recipe.acquire()
         recipe.release()
+
+    def kazoo_fresh() -> None:  # a Lock per name, as an order service locking order ids would make
+        lock = raw_client.Lock(f"{fresh_base}/{uuid.uuid4().hex}")
+        lock.acquire()
+        lock.release()  # kazoo's parents are persistent: deleted after the run (recursive delete of fresh_base)
 
     try:
         with lockkit.connect(url) as locks:
@@ -71,12 +82,62 @@ def latency(url: str, rounds: int) -> dict[str, list[float]]:
                 lock.acquire()
                 lock.release()
 
+            def ours_fresh() -> None:
+                fresh = locks.lock(f"bench-f-{uuid.uuid4().hex}", ttl=10)
+                fresh.acquire()
+                fresh.release()
+
             raw = "raw floor: create ephemeral + delete"
-            return interleave({raw: floor, "lockkit zookeeper://": ours, "kazoo Lock recipe": kazoo_lock}, rounds)
+            ops = {
+                raw: floor,
+                "lockkit zookeeper://, one name": ours,
+                "kazoo Lock recipe, one name": kazoo_lock,
+                "lockkit zookeeper://, fresh name each time": ours_fresh,
+                "kazoo Lock recipe, fresh name each time": kazoo_fresh,
+            }
+            return interleave(ops, rounds)
     finally:
         raw_client.delete(parent, recursive=True)
+        raw_client.delete(fresh_base, recursive=True)
         raw_client.stop()
         raw_client.close()
+
+
+def requests(url: str, rounds: int = 50) -> str:
+    """ZooKeeper requests per uncontended acquire+release, by type (counted at kazoo's one request queue)."""
+    with lockkit.connect(url) as locks:
+        warm = locks.lock(f"bench-r-{uuid.uuid4().hex[:8]}", ttl=10)
+        warm.acquire()
+        warm.release()
+        kazoo = locks.backend_for(warm.name).driver._session.client()  # type: ignore[attr-defined]
+        counted: collections.Counter[str] = collections.Counter()
+        original = kazoo._call
+
+        def call(request: Any, result: Any) -> Any:
+            counted[type(request).__name__] += 1
+            return original(request, result)
+
+        def fresh() -> None:
+            lock = locks.lock(f"bench-r-{uuid.uuid4().hex}", ttl=10)
+            lock.acquire()
+            lock.release()
+
+        def one_name() -> None:
+            warm.acquire()
+            warm.release()
+
+        lines = ["## ZooKeeper requests per uncontended acquire+release (lockkit, counted at kazoo's request queue)"]
+        kazoo._call = call
+        try:
+            for label, op in (("one name", one_name), ("fresh name", fresh)):
+                counted.clear()
+                for _ in range(rounds):
+                    op()
+                shown = ", ".join(f"{kind} {n / rounds:g}" for kind, n in sorted(counted.items()))
+                lines.append(f"{label}: {sum(counted.values()) / rounds:g} ({shown})")
+        finally:
+            kazoo._call = original
+    return "\n".join(lines)
 
 
 class KazooContender:
@@ -158,6 +219,7 @@ def many(url: str, count: int, hold: float) -> dict[str, Any]:
 
 
 def sections(args: argparse.Namespace, url: str) -> Iterator[str]:
+    yield requests(url)
     yield latency_table(latency(url, args.rounds))
     yield contention(url, args.contend, procs=args.procs).report()
     yield kazoo_contention(url, args.contend, args.procs)

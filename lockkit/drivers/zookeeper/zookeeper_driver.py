@@ -72,15 +72,16 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, UnimplementedError
 
 from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...urls import BackendURL, parse_options
 from . import nodes
+from .client import found_async, founded
 from .nodes import HELD, LOST, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
 from .presence import ZooKeeperPresence
 from .session import Session
@@ -225,7 +226,8 @@ class ZooKeeperDriver(ZooKeeperPresence):
         kz = s.client()
         if c.session_id == sid and c.child is not None:
             try:
-                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
+                listed = s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end)
+                return self._strays(c, list(listed))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         if c.session_id == sid and c.pending:
@@ -237,7 +239,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 stat = s.call(kz.exists_async(f"{c.parent}/{child}"), f"read {c.parent}/{child}", end=end)
                 if stat is not None and stat.ephemeralOwner == sid:
                     c.child, c.czxid, c.pending = child, stat.czxid, False
-                    return children
+                    return self._strays(c, children)
             c.pending = False
         if c.session_id not in (None, sid) and (c.child is not None or c.pending):
             s.abandon(c.parent, c.prefix, None, c.session_id)  # a node of a session we no longer have (kazoo#732)
@@ -247,18 +249,74 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 f"{c.parent}/{c.prefix}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
             )
             listed = kz.get_children_async(c.parent)  # pipelined: the server answers it after the create
+            # A parent we have not seen lately may not exist (a fresh name, or one the server reaped): pipeline
+            # the multi that makes parent and node together. The server applies it after our create, so it
+            # fails (creating nothing) when the create found the parent, and succeeds only when it did not.
+            founding = None if s.parent_known(c.parent) or not s.containers else self._found(c)
             try:
                 path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,), end)
             except NoNodeError:
-                c.pending = False  # nothing was created: the parent is missing
-                s.make_parent(c.parent, end)
-                continue
+                s.parent_gone(c.parent)
+                if founding is None:
+                    founding = self._found(c)  # the parent was reaped since we saw it
+                try:
+                    return self._founded(c, founding, end)
+                except NodeExistsError:
+                    c.pending = False  # another client made the parent meanwhile; our multi created nothing
+                    continue
+                except (UnimplementedError, NoNodeError) as exc:
+                    # no container nodes (ZooKeeper < 3.5.3: persistent parents), or no base node above the parent
+                    c.pending = False
+                    s.containers = s.containers and not isinstance(exc, UnimplementedError)
+                    s.make_parent(c.parent, end)
+                    continue
             c.child, c.czxid, c.pending = path.rpartition("/")[2], stat.czxid, False
+            s.parent_seen(c.parent)
             try:
-                return list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
+                children = list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
-                return []  # the parent was deleted with our node in it: queue again
+                children = []  # the parent was deleted with our node in it: queue again
+            if founding is not None:
+                self._settle(c, founding, end)
+            return children
         raise Transient(f"the parent node {c.parent} keeps disappearing")
+
+    def _found(self, c: _Contender) -> Any:
+        """Send the multi that makes the parent and our node together (:func:`.client.found_async`)."""
+        return found_async(self._session.client(), c.parent, c.prefix, c.data, self._session.acl)
+
+    def _founded(self, c: _Contender, founding: Any, end: float | None) -> list[str]:
+        """Our node from a multi that made the parent too: it is the parent's only child, so no list is read."""
+        s = self._session
+        what = f"create {c.parent} with a contender"
+        results = s.call(founding, what, end=end)
+        with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+            c.child, c.czxid = founded(results)
+        c.pending = False
+        s.parent_seen(c.parent)
+        return [c.child]
+
+    def _settle(self, c: _Contender, founding: Any, end: float | None) -> None:
+        """Read the reply of a multi sent behind a create that succeeded: normally it failed, creating nothing.
+
+        It can only succeed if the parent was deleted between the two (our node deleted by someone, then the
+        container reaped): its node is then ours but unwanted, and deleted; our first node is gone, which the
+        caller finds in the listing.
+        """
+        s = self._session
+        try:
+            extra, czxid = founded(s.call(founding, f"create {c.parent} with a contender", end=end))
+        except KazooException:
+            return  # NodeExists (the expected answer), or a refusal the create already reported
+        # (a Transient propagates: if that multi made a node after all, the next listing finds it, see _strays)
+        s.abandon(c.parent, c.prefix, extra, c.session_id, czxid)
+
+    def _strays(self, c: _Contender, children: list[str]) -> list[str]:
+        """Delete any other node of our stem in ``children`` (a create and a multi both went through)."""
+        for child in nodes.with_prefix(children, c.prefix):
+            if child != c.child:
+                self._session.abandon(c.parent, c.prefix, child, c.session_id)
+        return children
 
     def _busy(self, parent: str, end: float | None) -> bool:
         s = self._session

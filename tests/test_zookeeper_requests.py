@@ -1,0 +1,182 @@
+"""zookeeper://: the requests an uncontended acquire sends, and the safety of the fresh-name multi.
+
+A fresh name's acquire pipelines ``create`` + ``getChildren`` + a ``multi`` that makes the parent and our node
+together (the multi fails, creating nothing, whenever the parent exists), so it costs one round trip instead
+of three. Request counts are deterministic, so they are asserted; times never are.
+Parent nodes that disappear or already exist are Z-5's territory (tests/test_zookeeper.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+import lockkit
+from backends.servers import ZooKeeperServer
+from lockkit import LockTimeout
+from lockkit.drivers.zookeeper import ZooKeeperDriver
+from lockkit.names import encode_name
+
+
+@pytest.fixture
+def chroot() -> str:
+    return f"/zkr-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def locks(zookeeper_server: ZooKeeperServer, chroot: str) -> Iterator[lockkit.Locker]:
+    with lockkit.connect(f"{zookeeper_server.url}{chroot}") as locker:
+        driver_of(locker).ping()  # session and base node exist: only lock traffic is counted below
+        yield locker
+
+
+def driver_of(locks: lockkit.Locker) -> ZooKeeperDriver:
+    driver = locks.backend_for("x").driver
+    assert isinstance(driver, ZooKeeperDriver)
+    return driver
+
+
+def parent_of(chroot: str, name: str) -> str:
+    return f"{chroot}/lockkit/{encode_name(name)}"
+
+
+def counting(locks: lockkit.Locker) -> tuple[collections.Counter[str], Callable[[], None]]:
+    """Count the requests of the locker's kazoo client by type (every request goes through ``_call``)."""
+    kazoo = driver_of(locks)._session.client()
+    counted: collections.Counter[str] = collections.Counter()
+    original = kazoo._call
+
+    def call(request: Any, result: Any) -> Any:
+        counted[type(request).__name__] += 1
+        return original(request, result)
+
+    kazoo._call = call
+
+    def undo() -> None:
+        kazoo._call = original
+
+    return counted, undo
+
+
+def test_fresh_name_acquire_is_one_pipelined_round_trip(
+    locks: lockkit.Locker, chroot: str, zk_raw: KazooClient
+) -> None:
+    counted, undo = counting(locks)
+    try:
+        lock = locks.lock(f"order-{uuid.uuid4().hex}", ttl=5)
+        lease = lock.acquire()
+        acquired = dict(counted)
+        node = zk_raw.get_children(parent_of(chroot, lock.name))
+        lock.release()
+    finally:
+        undo()
+    # the create and the list fail (no parent yet); the multi behind them makes parent and node in one go:
+    # no separate createContainer, no second create, no second list
+    assert acquired == {"Create2": 1, "GetChildren": 1, "Multi": 1}
+    assert counted["Delete"] == 1 and sum(counted.values()) == 4
+    # the fencing token is the node's czxid (the multi's zxid, which the parent shares); that the parent is a
+    # container the server reaps is tests/test_zookeeper.py::test_parents_are_containers_that_do_not_leak
+    [child] = node
+    parent = parent_of(chroot, lock.name)
+    assert lease.fencing_token == zk_raw.exists(parent).czxid
+    assert zk_raw.get_children(parent) == []
+    assert child.endswith("__lock__0000000000")
+
+
+def test_fresh_name_token_is_the_created_nodes_czxid(locks: lockkit.Locker, chroot: str, zk_raw: KazooClient) -> None:
+    with locks.lock(f"order-{uuid.uuid4().hex}", ttl=5) as lease:
+        parent = parent_of(chroot, lease.name)
+        [child] = zk_raw.get_children(parent)
+        assert lease.fencing_token == zk_raw.exists(f"{parent}/{child}").czxid
+    with locks.lock(lease.name, ttl=5) as again:  # the same name, parent now known: a plain create
+        assert again.fencing_token > lease.fencing_token
+
+
+def test_name_in_use_sends_no_multi(locks: lockkit.Locker) -> None:
+    lock = locks.lock(f"hot-{uuid.uuid4().hex}", ttl=5)
+    lock.acquire()
+    lock.release()
+    counted, undo = counting(locks)
+    try:
+        for _ in range(5):
+            lock.acquire()
+            lock.release()
+    finally:
+        undo()
+    # (the parent is reaped only by a container check after 60 s idle: not in this test's time)
+    assert counted == {"Create2": 5, "GetChildren": 5, "Delete": 5}
+
+
+def test_multi_behind_a_create_that_found_the_parent_creates_nothing(
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
+) -> None:
+    """A name another client holds is new to this session: the multi is sent, fails, and leaves no node."""
+    name = f"held-{uuid.uuid4().hex}"
+    parent = parent_of(chroot, name)
+    url = f"{zookeeper_server.url}{chroot}"
+    with lockkit.connect(url) as holder_side, lockkit.connect(url) as waiter_side:
+        held = holder_side.lock(name, ttl=5)
+        holder = held.acquire()
+        counted, undo = counting(waiter_side)
+        try:
+            with pytest.raises(LockTimeout):
+                waiter_side.lock(name, ttl=5).acquire(timeout=0.3)
+        finally:
+            undo()
+        assert counted["Multi"] == 1  # the parent was not known to this session
+        assert len(zk_raw.get_children(parent)) == 1  # the holder's node only: nothing queued or left behind
+        assert holder.valid
+        held.release()
+        with waiter_side.lock(name, ttl=5) as lease:  # and the name works from that session
+            assert lease.fencing_token > holder.fencing_token
+            assert len(zk_raw.get_children(parent)) == 1
+
+
+def test_waiter_queues_behind_a_holder_on_a_name_new_to_its_session(
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
+) -> None:
+    name = f"queue-{uuid.uuid4().hex}"
+    url = f"{zookeeper_server.url}{chroot}"
+    with lockkit.connect(url) as holder_side, lockkit.connect(url) as waiter_side:
+        held = holder_side.lock(name, ttl=5)
+        holder = held.acquire()
+        got: list[lockkit.Lease] = []
+        queued = waiter_side.lock(name, ttl=5)
+        waiter = threading.Thread(target=lambda: got.append(queued.acquire(timeout=10)))
+        waiter.start()
+        parent = parent_of(chroot, name)
+        end = time.monotonic() + 5
+        while len(zk_raw.get_children(parent)) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(zk_raw.get_children(parent)) == 2  # holder and waiter, no third node from the multi
+        assert not got
+        held.release()
+        waiter.join(10)
+        assert got and got[0].valid and got[0].fencing_token > holder.fencing_token
+        queued.release()
+
+
+def test_parent_reaped_while_known_is_made_again_with_the_node(
+    locks: lockkit.Locker, chroot: str, zk_raw: KazooClient
+) -> None:
+    """Z-5: the session saw the parent, then it was deleted (as the server reaps an empty container)."""
+    lock = locks.lock(f"reaped-{uuid.uuid4().hex}", ttl=5)
+    first = lock.acquire()
+    lock.release()
+    zk_raw.delete(parent_of(chroot, lock.name))
+    counted, undo = counting(locks)
+    try:
+        lease = lock.acquire()
+    finally:
+        undo()
+    assert counted == {"Create2": 1, "GetChildren": 1, "Multi": 1}  # create fails, then the multi
+    assert lease.fencing_token > first.fencing_token
+    assert lease.valid
+    lock.release()
