@@ -1,8 +1,10 @@
 """zookeeper://: the requests an uncontended acquire sends, and the safety of the fresh-name multi.
 
-A fresh name's acquire pipelines ``create`` + ``getChildren`` + a ``multi`` that makes the parent and our node
-together (the multi fails, creating nothing, whenever the parent exists), so it costs one round trip instead
-of three. Request counts are deterministic, so they are asserted; times never are.
+A name whose parent the session has not seen lately (a fresh name: a lock per order id) is acquired with one
+``multi`` that makes the parent and our node together: one request and one round trip instead of three round
+trips (create, createContainer, create again, each with a list). The multi fails as a whole, creating
+nothing, whenever the parent exists; the acquire then queues under it as usual. Request counts are
+deterministic, so they are asserted; times never are.
 Parent nodes that disappear or already exist are Z-5's territory (tests/test_zookeeper.py).
 """
 
@@ -77,10 +79,9 @@ def test_fresh_name_acquire_is_one_pipelined_round_trip(
         lock.release()
     finally:
         undo()
-    # the create and the list fail (no parent yet); the multi behind them makes parent and node in one go:
-    # no separate createContainer, no second create, no second list
-    assert acquired == {"Create2": 1, "GetChildren": 1, "Multi": 1}
-    assert counted["Delete"] == 1 and sum(counted.values()) == 4
+    # parent and node in one multi: no create that fails first, no createContainer, no list
+    assert acquired == {"Multi": 1}
+    assert counted["Delete"] == 1 and sum(counted.values()) == 2
     # the fencing token is the node's czxid (the multi's zxid, which the parent shares); that the parent is a
     # container the server reaps is tests/test_zookeeper.py::test_parents_are_containers_that_do_not_leak
     [child] = node
@@ -117,7 +118,8 @@ def test_name_in_use_sends_no_multi(locks: lockkit.Locker) -> None:
 def test_multi_behind_a_create_that_found_the_parent_creates_nothing(
     zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
 ) -> None:
-    """A name another client holds is new to this session: the multi is sent, fails, and leaves no node."""
+    """A name another client holds is new to this session: the multi is sent, fails, and leaves no node;
+    the acquire then queues under the existing parent (and times out here)."""
     name = f"held-{uuid.uuid4().hex}"
     parent = parent_of(chroot, name)
     url = f"{zookeeper_server.url}{chroot}"
@@ -130,7 +132,7 @@ def test_multi_behind_a_create_that_found_the_parent_creates_nothing(
                 waiter_side.lock(name, ttl=5).acquire(timeout=0.3)
         finally:
             undo()
-        assert counted["Multi"] == 1  # the parent was not known to this session
+        assert counted["Multi"] == 1 and counted["Create2"] == 1  # the multi failed; a plain create queued
         assert len(zk_raw.get_children(parent)) == 1  # the holder's node only: nothing queued or left behind
         assert holder.valid
         held.release()
@@ -176,7 +178,7 @@ def test_parent_reaped_while_known_is_made_again_with_the_node(
         lease = lock.acquire()
     finally:
         undo()
-    assert counted == {"Create2": 1, "GetChildren": 1, "Multi": 1}  # create fails, then the multi
+    assert counted == {"Create2": 1, "GetChildren": 1, "Multi": 1}  # the create fails, then the multi
     assert lease.fencing_token > first.fencing_token
     assert lease.valid
     lock.release()

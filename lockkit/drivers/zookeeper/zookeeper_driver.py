@@ -72,9 +72,9 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
 
 from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import BackendUnavailable, ConfigError
@@ -226,8 +226,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         kz = s.client()
         if c.session_id == sid and c.child is not None:
             try:
-                listed = s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end)
-                return self._strays(c, list(listed))
+                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         if c.session_id == sid and c.pending:
@@ -239,84 +238,61 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 stat = s.call(kz.exists_async(f"{c.parent}/{child}"), f"read {c.parent}/{child}", end=end)
                 if stat is not None and stat.ephemeralOwner == sid:
                     c.child, c.czxid, c.pending = child, stat.czxid, False
-                    return self._strays(c, children)
+                    return children
             c.pending = False
         if c.session_id not in (None, sid) and (c.child is not None or c.pending):
             s.abandon(c.parent, c.prefix, None, c.session_id)  # a node of a session we no longer have (kazoo#732)
         for _ in range(PARENT_RETRIES):
             c.session_id, c.pending, c.child = sid, True, None
-            created = kz.create_async(
-                f"{c.parent}/{c.prefix}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
-            )
-            listed = kz.get_children_async(c.parent)  # pipelined: the server answers it after the create
-            # A parent we have not seen lately may not exist (a fresh name, or one the server reaped): pipeline
-            # the multi that makes parent and node together. The server applies it after our create, so it
-            # fails (creating nothing) when the create found the parent, and succeeds only when it did not.
-            founding = None if s.parent_known(c.parent) or not s.containers else self._found(c)
-            try:
-                path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,), end)
-            except NoNodeError:
-                s.parent_gone(c.parent)
-                if founding is None:
-                    founding = self._found(c)  # the parent was reaped since we saw it
+            if s.containers and not s.parent_known(c.parent):
+                # A parent we have not seen lately: most likely a fresh name (a lock per order id). One multi
+                # makes the parent and our node, and when it succeeds our node is the only child: one round trip,
+                # no list. If the parent exists, the multi fails as a whole and creates nothing; queue under it.
                 try:
-                    return self._founded(c, founding, end)
+                    return self._founded(c, end)
                 except NodeExistsError:
-                    c.pending = False  # another client made the parent meanwhile; our multi created nothing
-                    continue
+                    s.parent_seen(c.parent)
+                    c.pending = True  # the create below
                 except (UnimplementedError, NoNodeError) as exc:
                     # no container nodes (ZooKeeper < 3.5.3: persistent parents), or no base node above the parent
                     c.pending = False
                     s.containers = s.containers and not isinstance(exc, UnimplementedError)
                     s.make_parent(c.parent, end)
-                    continue
+            created = kz.create_async(
+                f"{c.parent}/{c.prefix}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
+            )
+            listed = kz.get_children_async(c.parent)  # pipelined: the server answers it after the create
+            try:
+                path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,), end)
+            except NoNodeError:
+                c.pending = False  # nothing was created: the parent is missing (reaped since we saw it)
+                s.parent_gone(c.parent)
+                if not s.containers:
+                    s.make_parent(c.parent, end)
+                continue  # the next round sends the multi
             c.child, c.czxid, c.pending = path.rpartition("/")[2], stat.czxid, False
             s.parent_seen(c.parent)
             try:
-                children = list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
+                return list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
-                children = []  # the parent was deleted with our node in it: queue again
-            if founding is not None:
-                self._settle(c, founding, end)
-            return children
+                return []  # the parent was deleted with our node in it: queue again
         raise Transient(f"the parent node {c.parent} keeps disappearing")
 
-    def _found(self, c: _Contender) -> Any:
-        """Send the multi that makes the parent and our node together (:func:`.client.found_async`)."""
-        return found_async(self._session.client(), c.parent, c.prefix, c.data, self._session.acl)
+    def _founded(self, c: _Contender, end: float | None) -> list[str]:
+        """Make the parent and our node in one multi (:func:`.client.found_async`); return the parent's children.
 
-    def _founded(self, c: _Contender, founding: Any, end: float | None) -> list[str]:
-        """Our node from a multi that made the parent too: it is the parent's only child, so no list is read."""
-        s = self._session
-        what = f"create {c.parent} with a contender"
-        results = s.call(founding, what, end=end)
-        with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
-            c.child, c.czxid = founded(results)
-        c.pending = False
-        s.parent_seen(c.parent)
-        return [c.child]
-
-    def _settle(self, c: _Contender, founding: Any, end: float | None) -> None:
-        """Read the reply of a multi sent behind a create that succeeded: normally it failed, creating nothing.
-
-        It can only succeed if the parent was deleted between the two (our node deleted by someone, then the
-        container reaped): its node is then ours but unwanted, and deleted; our first node is gone, which the
-        caller finds in the listing.
+        The multi made the parent, so our node is its only child: no list is read. Raises ``NodeExistsError``
+        (the parent exists: nothing was created), ``NoNodeError`` (no base node) or ``UnimplementedError``
+        (no container nodes on this server).
         """
         s = self._session
-        try:
-            extra, czxid = founded(s.call(founding, f"create {c.parent} with a contender", end=end))
-        except KazooException:
-            return  # NodeExists (the expected answer), or a refusal the create already reported
-        # (a Transient propagates: if that multi made a node after all, the next listing finds it, see _strays)
-        s.abandon(c.parent, c.prefix, extra, c.session_id, czxid)
-
-    def _strays(self, c: _Contender, children: list[str]) -> list[str]:
-        """Delete any other node of our stem in ``children`` (a create and a multi both went through)."""
-        for child in nodes.with_prefix(children, c.prefix):
-            if child != c.child:
-                self._session.abandon(c.parent, c.prefix, child, c.session_id)
-        return children
+        what = f"create {c.parent} with a contender"
+        results = s.call(found_async(s.client(), c.parent, c.prefix, c.data, s.acl), what, end=end)
+        c.pending = False  # answered: either both nodes exist now, or neither was created
+        with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+            c.child, c.czxid = founded(results)
+        s.parent_seen(c.parent)
+        return [c.child]
 
     def _busy(self, parent: str, end: float | None) -> bool:
         s = self._session
