@@ -17,7 +17,8 @@ a free loopback port (tickTime 200 ms).
   id: the parent node does not exist yet), kazoo's ``Lock`` beside each.
 * **contention** (lockkit/cli/contention.py, the Redis issue's rules): 4 processes
   (4 sessions) loop acquire → ~1 ms busy hold → release on one name, lockkit
-  and then kazoo's ``Lock``, each process with its own client; handoffs/s,
+  and kazoo's ``Lock`` in turn, twice, each process with its own client (then
+  the handoff ratios pair by pair); handoffs/s,
   fairness, p50/p99/max wait, and whether grants followed queue order: for
   lockkit the fencing tokens are the nodes' czxid (creation order), for kazoo
   the lock nodes' sequence numbers, so FIFO means they rise.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import statistics
 import sys
 import time
 import uuid
@@ -44,7 +46,7 @@ from kazoo.client import KazooClient
 
 import lockkit
 from backends.servers import ZooKeeperServer
-from benchmarks._common import contention, hosts, interleave, latency_table, run_driver, show
+from benchmarks._common import Contention, contention, hosts, interleave, latency_table, run_driver, show
 
 KAZOO_PARENT = "/bench-kazoo-contend"
 
@@ -160,9 +162,9 @@ class KazooContender:
         self.client.close()
 
 
-def kazoo_contention(url: str, seconds: float, procs: int) -> str:
+def kazoo_contention(url: str, seconds: float, procs: int) -> Contention:
     try:
-        result = contention(
+        return contention(
             url,
             seconds,
             procs=procs,
@@ -176,7 +178,24 @@ def kazoo_contention(url: str, seconds: float, procs: int) -> str:
         cleaner.delete(KAZOO_PARENT, recursive=True)
         cleaner.stop()
         cleaner.close()
-    return result.report()
+
+
+def contentions(url: str, seconds: float, procs: int, pairs: int = 2) -> Iterator[str]:
+    """lockkit and kazoo's Lock in turn, ``pairs`` times (load drift hits both), then the handoff ratios."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(pairs):
+        mine = contention(url, seconds, procs=procs)
+        ours.append(mine.handoffs_per_s)
+        yield mine.report()
+        recipe = kazoo_contention(url, seconds, procs)
+        theirs.append(recipe.handoffs_per_s)
+        yield recipe.report()
+    ratios = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs, strict=True))
+    yield (
+        f"## handoffs/s, lockkit / kazoo Lock, pair by pair: {ratios} "
+        f"(medians {statistics.median(ours):.0f} / {statistics.median(theirs):.0f})"
+    )
 
 
 def many(url: str, count: int, hold: float) -> dict[str, Any]:
@@ -221,8 +240,7 @@ def many(url: str, count: int, hold: float) -> dict[str, Any]:
 def sections(args: argparse.Namespace, url: str) -> Iterator[str]:
     yield requests(url)
     yield latency_table(latency(url, args.rounds))
-    yield contention(url, args.contend, procs=args.procs).report()
-    yield kazoo_contention(url, args.contend, args.procs)
+    yield from contentions(url, args.contend, args.procs)
     scale = many(url, args.many, args.hold)
     yield f"## {args.many} locks held on one session for {args.hold:g} s\n" + show("one session", scale)
 

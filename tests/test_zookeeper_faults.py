@@ -366,6 +366,38 @@ def test_c7_lost_multi_reply_on_a_fresh_name_leaves_no_orphan(
             assert wait_until(lambda: children(zk_raw, chroot, "c7f") == [], 3 + SLACK), "an orphan contender remained"
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # as above
+def test_try_acquire_on_a_fresh_name_sends_its_multi_without_waiting_for_the_list(
+    proxied: Callable[[float], tuple[str, FaultProxy]], chroot: str, zk_raw: KazooClient
+) -> None:
+    """try_acquire() pipelines the multi (parent + node) behind its look at the children: one round trip.
+
+    With every reply dropped, the node still appears on the server, which it could not if the multi waited
+    for the list's reply; the call then fails as unreachable, and no node is left behind.
+    """
+    url, proxy = proxied(3)
+    with lockkit.connect(url) as locks:
+        locks.check()  # connect before the fault
+        lock = locks.lock("fresh-try", ttl=5)
+        proxy.set_mode("drop_downstream")
+        outcome: list[object] = []
+
+        def attempt() -> None:
+            try:
+                outcome.append(lock.try_acquire())
+            except lockkit.LockError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        appeared = wait_until(lambda: len(children(zk_raw, chroot, "fresh-try")) == 1, 5)
+        thread.join(10)
+        proxy.set_mode("pass")
+        assert appeared, "the multi was not sent until the list's reply came"
+        assert outcome and isinstance(outcome[0], lockkit.BackendUnavailable), outcome
+        assert wait_until(lambda: children(zk_raw, chroot, "fresh-try") == [], 3 + SLACK), "an orphan remained"
+
+
 def test_c10_server_sigstop(fresh_zookeeper: ZooKeeperFactory) -> None:
     server = fresh_zookeeper()
     url = f"{server.url}/c10?session_timeout=1.5"

@@ -182,3 +182,41 @@ def test_parent_reaped_while_known_is_made_again_with_the_node(
     assert lease.fencing_token > first.fencing_token
     assert lease.valid
     lock.release()
+
+
+def test_try_acquire_on_a_fresh_name_is_one_round_trip(locks: lockkit.Locker, chroot: str, zk_raw: KazooClient) -> None:
+    counted, undo = counting(locks)
+    lock = locks.lock(f"job-{uuid.uuid4().hex}", ttl=5)
+    try:
+        lease = lock.try_acquire()
+    finally:
+        undo()
+    assert lease is not None and lease.valid
+    assert counted == {"GetChildren": 1, "Multi": 1}  # the look and the multi, pipelined; no create, no 2nd list
+    parent = parent_of(chroot, lock.name)
+    [child] = zk_raw.get_children(parent)
+    assert lease.fencing_token == zk_raw.exists(f"{parent}/{child}").czxid
+    assert locks.holder(lock.name).held
+    lock.release()
+    assert zk_raw.get_children(parent) == []
+
+
+def test_try_acquire_of_a_name_held_elsewhere_queues_nothing(
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_raw: KazooClient
+) -> None:
+    name = f"job-{uuid.uuid4().hex}"
+    url = f"{zookeeper_server.url}{chroot}"
+    with lockkit.connect(url) as holder_side, lockkit.connect(url) as other:
+        held = holder_side.lock(name, ttl=5)
+        held.acquire()
+        driver_of(other).ping()
+        counted, undo = counting(other)
+        try:
+            assert other.lock(name, ttl=5).try_acquire() is None
+        finally:
+            undo()
+        assert counted == {"GetChildren": 1, "Multi": 1}  # the multi failed (the parent exists): nothing made
+        assert len(zk_raw.get_children(parent_of(chroot, name))) == 1
+        held.release()
+        lease = other.lock(name, ttl=5).try_acquire()  # free now, parent known: list, then create + list
+        assert lease is not None and lease.fencing_token > 0

@@ -18,7 +18,11 @@ Contenders are *ephemeral sequential*: they die with the session that made
 them; their data is the lease token's :func:`~lockkit.lease.token_hint`.
 
 Acquire sends ``create`` and ``get_children`` back to back (ZooKeeper answers
-one session's requests in order, so this costs one round trip). The lowest
+one session's requests in order, so this costs one round trip). On a name whose
+parent the session has not seen lately (a fresh name), it first sends one
+``multi`` that makes the parent and our node together: when it succeeds our node
+is the parent's only child and holds the lock (one request); when the parent
+exists it fails as a whole, creating nothing, and the create follows. The lowest
 sequence holds the lock; every other contender sets an exists-watch on its
 *predecessor* only, so a release wakes exactly one waiter, in FIFO order. The
 uuid prefix lets a create whose reply was lost find its node after a
@@ -110,6 +114,8 @@ class _Contender:
     session_id: int | None = None
     pending: bool = False
     """A create was sent and its reply never seen: the node may exist (found by ``prefix``)."""
+    founded_at: float | None = None
+    """When :meth:`ZooKeeperDriver._busy` sent the multi that made the parent with our node (its only child)."""
 
 
 class ZooKeeperDriver(ZooKeeperPresence):
@@ -160,7 +166,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
         granted = unreachable = False
         try:
-            if deadline is not None and self._clock() >= deadline and self._busy(c.parent, end):
+            if deadline is not None and self._clock() >= deadline and self._busy(c, end):
                 return None  # one attempt and the lock is taken: no need to queue a node
             while True:
                 wake.clear()  # before the check: a cancel from now on sets it again, so no wait can miss it
@@ -169,7 +175,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 checked_at = self._clock()
                 try:
                     sid = s.wait_connected(end)
-                    sent_at = self._clock()
+                    sent_at = self._clock() if c.founded_at is None else c.founded_at
                     order = nodes.contenders(self._enqueue(c, sid, end))
                     if c.child not in order:
                         c.child = None  # our node was deleted (administrator, recreated parent): queue again
@@ -224,6 +230,10 @@ class ZooKeeperDriver(ZooKeeperPresence):
         """Make sure our node exists in this session; return the parent's children (read after it)."""
         s = self._session
         kz = s.client()
+        if c.founded_at is not None:
+            c.founded_at = None
+            if c.session_id == sid and c.child is not None:
+                return [c.child]  # _busy's multi made the parent with our node in it: its only child
         if c.session_id == sid and c.child is not None:
             try:
                 return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
@@ -294,14 +304,43 @@ class ZooKeeperDriver(ZooKeeperPresence):
         s.parent_seen(c.parent)
         return [c.child]
 
-    def _busy(self, parent: str, end: float | None) -> bool:
+    def _busy(self, c: _Contender, end: float | None) -> bool:
+        """One look, for an acquire whose time is up (``try_acquire``): is the lock taken? Queues no node.
+
+        On a parent the session has not seen, the multi that makes parent and node is pipelined behind the
+        list: if it succeeds the name was free and the lock is ours (``c.founded_at``), in one round trip;
+        if the parent exists it fails, creating nothing, and the list answers.
+        """
         s = self._session
-        s.wait_connected(end)
+        sid = s.wait_connected(end)
+        kz = s.client()
+        founding = None
+        sent_at = self._clock()
+        listed = kz.get_children_async(c.parent)
+        if s.containers and not s.parent_known(c.parent):
+            c.session_id, c.pending = sid, True
+            founding = found_async(kz, c.parent, c.prefix, c.data, s.acl)
         try:
-            children = s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,), end)
-            return bool(nodes.contenders(children))
-        except NoNodeError:
-            return False
+            try:
+                busy = bool(nodes.contenders(s.call(listed, f"list {c.parent}", (NoNodeError,), end)))
+            except NoNodeError:
+                busy = False
+            if founding is not None:
+                what = f"create {c.parent} with a contender"
+                results = s.call(founding, what, end=end)
+                c.pending = False
+                try:
+                    with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+                        c.child, c.czxid = founded(results)
+                except NodeExistsError:
+                    s.parent_seen(c.parent)  # the list's answer stands
+                except (NoNodeError, UnimplementedError):
+                    pass  # no base node, or no containers: the queueing path below handles both
+                else:
+                    c.founded_at = sent_at
+                    s.parent_seen(c.parent)
+                    return False
+            return busy
         except Transient as exc:
             if s.closed:
                 raise
