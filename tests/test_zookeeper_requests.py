@@ -220,3 +220,41 @@ def test_try_acquire_of_a_name_held_elsewhere_queues_nothing(
         held.release()
         lease = other.lock(name, ttl=5).try_acquire()  # free now, parent known: list, then create + list
         assert lease is not None and lease.fencing_token > 0
+
+
+def test_a_release_sends_the_next_waiters_list_from_the_watch(zookeeper_server: ZooKeeperServer, chroot: str) -> None:
+    """Z-4: the woken waiter's one list is sent by its predecessor watch, on kazoo's callback thread, not
+    after the acquiring thread is scheduled: that wake-up is off the hand-off's critical path."""
+    name = f"handoff-{uuid.uuid4().hex}"
+    url = f"{zookeeper_server.url}{chroot}"
+    with lockkit.connect(url) as holder_side, lockkit.connect(url) as waiter_side:
+        held = holder_side.lock(name, ttl=5)
+        holder = held.acquire()
+        kazoo = driver_of(waiter_side)._session.client()
+        driver_of(waiter_side).ping()
+        lists: list[str] = []
+        original = kazoo._call
+
+        def call(request: Any, result: Any) -> Any:
+            if type(request).__name__ == "GetChildren":
+                lists.append(threading.current_thread().name)
+            return original(request, result)
+
+        kazoo._call = call
+        queued = waiter_side.lock(name, ttl=5)
+        got: list[lockkit.Lease] = []
+        waiter = threading.Thread(target=lambda: got.append(queued.acquire(timeout=10)), name="the-acquirer")
+        try:
+            waiter.start()
+            end = time.monotonic() + 5
+            while len(lists) < 1 and time.monotonic() < end:  # queued: create + list, then the watch
+                time.sleep(0.01)
+            time.sleep(0.2)
+            assert lists == ["the-acquirer"]
+            held.release()
+            waiter.join(10)
+        finally:
+            kazoo._call = original
+        assert got and got[0].valid and got[0].fencing_token > holder.fencing_token
+        assert len(lists) == 2 and lists[1] != "the-acquirer", lists  # one list per wake-up, sent by the watch
+        queued.release()

@@ -72,13 +72,15 @@ Guarantees and deviations:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.protocol.states import EventType, WatchedEvent
 
 from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import BackendUnavailable, ConfigError
@@ -116,6 +118,10 @@ class _Contender:
     """A create was sent and its reply never seen: the node may exist (found by ``prefix``)."""
     founded_at: float | None = None
     """When :meth:`ZooKeeperDriver._busy` sent the multi that made the parent with our node (its only child)."""
+    relisted: tuple[int, float, Any] | None = None
+    """The list our predecessor's deletion sent at once (session id, send time, kazoo async result)."""
+    done: bool = False
+    """The acquire returned: a watch that fires later sends nothing."""
 
 
 class ZooKeeperDriver(ZooKeeperPresence):
@@ -176,7 +182,11 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 try:
                     sid = s.wait_connected(end)
                     sent_at = self._clock() if c.founded_at is None else c.founded_at
-                    order = nodes.contenders(self._enqueue(c, sid, end))
+                    relisted, c.relisted = c.relisted, None
+                    early = None
+                    if relisted is not None and relisted[0] == sid:
+                        sent_at, early = min(sent_at, relisted[1]), relisted[2]
+                    order = nodes.contenders(self._enqueue(c, sid, end, early))
                     if c.child not in order:
                         c.child = None  # our node was deleted (administrator, recreated parent): queue again
                         continue
@@ -187,7 +197,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                         self._note_ttl(ttl)
                         return Grant(c.czxid, s.timeout, sent_at)
                     predecessor = f"{c.parent}/{order[place - 1]}"
-                    watched = s.client().exists_async(predecessor, watch=lambda _event: wake.set())
+                    watched = s.client().exists_async(predecessor, watch=self._on_predecessor(c, sid, wake))
                     if s.call(watched, f"watch {predecessor}", end=end) is None:
                         continue  # it left between our two reads
                 except Transient as exc:
@@ -211,6 +221,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
             unreachable = True
             raise
         finally:
+            c.done = True
             unhook()
             if uncancel is not None:
                 uncancel()
@@ -226,8 +237,29 @@ class ZooKeeperDriver(ZooKeeperPresence):
                     background=unreachable,
                 )
 
-    def _enqueue(self, c: _Contender, sid: int, end: float | None) -> list[str]:
-        """Make sure our node exists in this session; return the parent's children (read after it)."""
+    def _on_predecessor(self, c: _Contender, sid: int, wake: threading.Event) -> Callable[[WatchedEvent], None]:
+        """The watch on our predecessor: on its deletion, send our next list at once, then wake the acquire.
+
+        It runs on kazoo's callback thread (it must not block; sending is not blocking). Sending from here
+        takes the acquiring thread's wake-up off the hand-off's critical path: the list is on its way while
+        that thread is scheduled. The acquire uses it only in the same session, and counts the lease from
+        its send time.
+        """
+        kz = self._session.client()
+
+        def watch(event: WatchedEvent) -> None:
+            if event.type == EventType.DELETED and not c.done:
+                with contextlib.suppress(Exception):  # a closed client: the acquire's own list reports it
+                    c.relisted = (sid, self._clock(), kz.get_children_async(c.parent))
+            wake.set()
+
+        return watch
+
+    def _enqueue(self, c: _Contender, sid: int, end: float | None, early: Any = None) -> list[str]:
+        """Make sure our node exists in this session; return the parent's children (read after it).
+
+        ``early``: a list of the parent already sent in this session (see :meth:`_on_predecessor`).
+        """
         s = self._session
         kz = s.client()
         if c.founded_at is not None:
@@ -235,8 +267,9 @@ class ZooKeeperDriver(ZooKeeperPresence):
             if c.session_id == sid and c.child is not None:
                 return [c.child]  # _busy's multi made the parent with our node in it: its only child
         if c.session_id == sid and c.child is not None:
+            listing = early if early is not None else kz.get_children_async(c.parent)
             try:
-                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
+                return list(s.call(listing, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         if c.session_id == sid and c.pending:
