@@ -248,7 +248,8 @@ class ZooKeeperDriver(ZooKeeperPresence):
         kz = self._session.client()
 
         def watch(event: WatchedEvent) -> None:
-            if event.type == EventType.DELETED and not c.done:
+            # (not again if a second watch on the same node fires: after a blip the loop may have set two)
+            if event.type == EventType.DELETED and not c.done and c.relisted is None:
                 with contextlib.suppress(Exception):  # a closed client: the acquire's own list reports it
                     c.relisted = (sid, self._clock(), kz.get_children_async(c.parent))
             wake.set()
