@@ -211,3 +211,29 @@ def postgres_server() -> Iterator[PostgresServer]:
 def fresh_postgres() -> Iterator[PostgresFactory]:
     """``fresh_postgres(**kw)`` -> a started PostgresServer of the test's own (``standby_of=`` for a hot standby)."""
     yield from _own(PostgresServer)
+
+# ----------------------------------------------------------------- Redis Cluster (issue 14)
+
+from backends.servers import RedisCluster  # noqa: E402  (appended block: keeps merges with the imports above easy)
+
+__all__ += ["fresh_redis_cluster", "redis_cluster"]
+
+RedisClusterFactory = Callable[..., RedisCluster]
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """Three masters, no replicas, made one cluster; do not kill its members or move its slots."""
+    group = RedisCluster()
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def fresh_redis_cluster() -> Iterator[RedisClusterFactory]:
+    """``fresh_redis_cluster(masters=3, replicas=0, **kw)`` -> a started RedisCluster, for tests that kill its
+    masters or migrate its slots."""
+    yield from _own(RedisCluster)

@@ -80,6 +80,7 @@ M = TypeVar("M", bound="Server")
 G = TypeVar("G", bound="ServerGroup[Any]")
 C = TypeVar("C", bound="EtcdCluster")
 SS = TypeVar("SS", bound="SentinelSet")
+RC = TypeVar("RC", bound="RedisCluster")
 
 
 class ServerError(RuntimeError):
@@ -692,6 +693,7 @@ class SentinelServer(Server):
         down_after_ms: int = 500,
         failover_timeout_ms: int = 3000,
         password: str | None = None,
+        extra_config: Sequence[str] = (),
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
         super().__init__(ready_timeout=ready_timeout)
@@ -701,6 +703,8 @@ class SentinelServer(Server):
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.password = password
+        self.extra_config = list(extra_config)
+        """More lines of sentinel.conf (the TLS ones of a :class:`SentinelSet` with ``tls_dir``)."""
 
     @property
     def config_path(self) -> Path:
@@ -722,6 +726,7 @@ class SentinelServer(Server):
         ]
         if self.password is not None:
             lines.append(f"requirepass {self.password}")
+        lines += self.extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def _command(self) -> list[str]:
@@ -761,6 +766,12 @@ class SentinelSet(ServerGroup[Server]):
     ``start`` returns once every sentinel knows every replica and every other sentinel (so that a failover
     can be voted) and every replica is in sync. Members are stopped by PID like every server here;
     ``kill_master`` SIGKILLs the current master, ``wait_for_failover`` waits until the sentinels name another.
+
+    With ``tls_dir`` (a directory holding ``ca.pem`` and a ``server.pem``/``server.key`` valid for 127.0.0.1,
+    see :mod:`backends.tls`) every member also listens for TLS on a port of its own, replication and the
+    sentinels' links run over TLS (``tls-replication yes``), so the sentinels announce the TLS ports, and
+    :attr:`url` is a ``rediss+sentinel://`` URL trusting that CA. The plain ports stay open for the harness's
+    own probes and questions.
     """
 
     def __init__(
@@ -771,33 +782,59 @@ class SentinelSet(ServerGroup[Server]):
         service: str = "mymaster",
         down_after_ms: int = 500,
         failover_timeout_ms: int = 3000,
+        tls_dir: Path | None = None,
     ) -> None:
         self.n_replicas, self.n_sentinels = replicas, sentinels
         self.service = service
         self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        self.tls_dir = tls_dir
+        self.tls_ports: dict[Server, int] = {}
+        """Each member's TLS port (only with ``tls_dir``)."""
         self.members = []
         self.redis: list[RedisServer] = []
         self.sentinels: list[SentinelServer] = []
+
+    def _tls_lines(self, member: Server) -> list[str]:
+        """The TLS settings of one member (``name value`` pairs), with a TLS port allocated for it."""
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        self.tls_ports[member] = port = free_port()
+        return [
+            f"tls-port {port}", f"tls-cert-file {d / 'server.pem'}", f"tls-key-file {d / 'server.key'}",
+            f"tls-ca-cert-file {d / 'ca.pem'}", "tls-auth-clients no", "tls-replication yes",
+        ]  # fmt: skip
+
+    def _announced(self, server: Server) -> tuple[str, int]:
+        """The address the sentinels name ``server`` by: its TLS port with ``tls_dir``."""
+        return (server.host, self.tls_ports[server]) if self.tls_dir is not None else server.address
+
+    def _redis(self, args: list[str]) -> RedisServer:
+        server = RedisServer(extra_args=args)
+        for line in self._tls_lines(server):  # the same settings as redis-server arguments
+            setting, value = line.split(" ", 1)
+            server.extra_args += [f"--{setting}", value]
+        self.members.append(server)
+        self.redis.append(server.start())
+        return server
 
     def start(self: SS) -> SS:
         try:
             # No delay before a diskless full sync (5 s by default): the replicas are in sync at once.
             sync = ["--repl-diskless-sync-delay", "0"]
-            master = RedisServer(extra_args=sync)
-            self.members.append(master)
-            self.redis.append(master.start())
+            master = self._redis(sync)
+            host, port = self._announced(master)
             for _ in range(self.n_replicas):
-                replica = RedisServer(extra_args=[*sync, "--replicaof", master.host, str(master.port)])
-                self.members.append(replica)
-                self.redis.append(replica.start())
+                self._redis([*sync, "--replicaof", host, str(port)])
             for _ in range(self.n_sentinels):
                 sentinel = SentinelServer(
-                    master.address,
+                    (host, port),
                     service=self.service,
                     quorum=self.n_sentinels // 2 + 1,
                     down_after_ms=self.down_after_ms,
                     failover_timeout_ms=self.failover_timeout_ms,
                 )
+                sentinel.extra_config = self._tls_lines(sentinel)
                 self.members.append(sentinel)
                 self.sentinels.append(sentinel.start())
             self.wait_settled()
@@ -835,8 +872,10 @@ class SentinelSet(ServerGroup[Server]):
 
     @property
     def url(self) -> str:
-        """``redis+sentinel://s1,s2,s3/SERVICE/0``."""
-        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        """``redis+sentinel://s1,s2,s3/SERVICE/0`` (``rediss+sentinel://…?tls_ca=CA`` with ``tls_dir``)."""
+        hosts = ",".join("{}:{}".format(*self._announced(s)) for s in self.sentinels)
+        if self.tls_dir is not None:
+            return f"rediss+sentinel://{hosts}/{self.service}/0?tls_ca={quote(str(self.tls_dir / 'ca.pem'))}"
         return f"redis+sentinel://{hosts}/{self.service}/0"
 
     def master_address(self) -> tuple[str, int]:
@@ -851,7 +890,7 @@ class SentinelSet(ServerGroup[Server]):
     def master(self) -> RedisServer:
         address = self.master_address()
         for server in self.redis:
-            if server.running and server.address == address:
+            if server.running and self._announced(server) == address:
                 return server
         raise ServerError(f"sentinel set {self.service!r}: the named master {address} is not running")
 
@@ -1504,3 +1543,129 @@ class PostgresServer(Server):
                 os.kill(proc.pid, signal.SIGINT)
             self._wait_exit_noreap(STOP_TIMEOUT)
         super()._terminate()
+
+# --------------------------------------------------------------------------- Redis Cluster
+
+
+class RedisClusterNode(RedisServer):
+    """One ``redis-server --cluster-enabled yes`` on loopback, its cluster bus on a free port of its own."""
+
+    name = "redis-cluster"
+
+    def __init__(self, *, node_timeout_ms: int = 1000, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(extra_args=extra_args, **kwargs)
+        self.node_timeout_ms = node_timeout_ms
+        self.bus_port: int | None = None
+
+    def _allocate_extra_ports(self) -> None:
+        self.bus_port = free_port(self.host)
+
+    def _command(self) -> list[str]:
+        if self.bus_port is None:
+            self._allocate_extra_ports()
+        assert self.bus_port is not None
+        return [
+            *super()._command(),
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-port", str(self.bus_port),
+            # a replica of a dead master may take over at once, however long its link was down
+            "--cluster-replica-validity-factor", "0",
+        ]  # fmt: skip
+
+    def ask(self, *command: str | int) -> Any:
+        import redis
+
+        client = redis.Redis(self.host, self.port, password=self.password, socket_timeout=5, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def node_id(self) -> str:
+        return str(self.ask("CLUSTER", "MYID"))
+
+
+class RedisCluster(ServerGroup[RedisClusterNode]):
+    """``masters`` masters (default 3) with ``replicas`` replicas each, made one cluster by
+    ``redis-cli --cluster create … --cluster-yes``; ``start`` returns once every node reports ``cluster_state:ok``
+    and agrees on the slot map, and every replica is in sync. Members are stopped by PID like every server here."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, *, node_timeout_ms: int = 1000) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self.n_masters, self.n_replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        self.members = []
+
+    def start(self: RC) -> RC:
+        try:
+            for _ in range(self.n_masters * (1 + self.n_replicas)):
+                # no delay before a diskless full sync (5 s by default): the replicas are in sync at once
+                sync = ["--repl-diskless-sync-delay", "0"]
+                node = RedisClusterNode(node_timeout_ms=self.node_timeout_ms, extra_args=sync)
+                self.members.append(node)
+                node.start()
+            argv = [_require_binary("redis-cli"), "--cluster", "create"]
+            argv += [f"{n.host}:{n.port}" for n in self.members]
+            argv += ["--cluster-replicas", str(self.n_replicas), "--cluster-yes"]
+            done = subprocess.run(argv, capture_output=True, timeout=60, env=_clean_env(), check=False)
+            if done.returncode != 0:
+                raise ServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}")
+            self.wait_settled()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_settled(self, timeout: float = 30.0) -> None:
+        """Until every running node says ``cluster_state:ok`` and they all report the same slot map."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(Exception):
+                if self._settled():
+                    return
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(f"redis cluster: not settled after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _settled(self) -> bool:
+        maps = set()
+        for node in self.running_members():
+            if "cluster_state:ok" not in str(node.ask("CLUSTER", "INFO")):
+                return False
+            maps.add(repr(sorted((s[0], s[1], s[2][1]) for s in node.ask("CLUSTER", "SLOTS"))))
+            if node.ask("ROLE")[0] == "slave" and node.ask("INFO", "replication").get("master_link_status") != "up":
+                return False  # a replica still syncing: a WAIT 1 would not count it
+        return len(maps) == 1
+
+    def running_members(self) -> list[RedisClusterNode]:
+        return [m for m in self.members if m.running and not m.paused]
+
+    def masters(self) -> list[RedisClusterNode]:
+        """The running nodes that are masters serving slots, as they say themselves."""
+        out = []
+        for node in self.running_members():
+            role = node.ask("ROLE")
+            if role[0] == "master" and any(int(s[1]) >= 0 for s in node.ask("CLUSTER", "SLOTS")):
+                out.append(node)
+        return out
+
+    def node_for_slot(self, slot: int) -> RedisClusterNode:
+        """The running master serving ``slot`` (as the first running node says)."""
+        for slot_range in self.running_members()[0].ask("CLUSTER", "SLOTS"):
+            if int(slot_range[0]) <= slot <= int(slot_range[1]):
+                port = int(slot_range[2][1])
+                for node in self.members:
+                    if node.port == port:
+                        return node
+        raise ServerError(f"redis cluster: no node serves slot {slot}")
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://h1:p1,h2:p2,h3:p3``: the masters as started (any node would do as a seed)."""
+        return "redis+cluster://" + ",".join(f"{n.host}:{n.port}" for n in self.members[: self.n_masters])
+
+    def stop(self) -> None:
+        """SIGKILL every member (by PID) and delete its directory: the data is thrown away anyway."""
+        self._stop_members(kill_first=True)
