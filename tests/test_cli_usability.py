@@ -41,6 +41,15 @@ def test_config_and_url_are_accepted_before_the_subcommand(config: Path, tmp_pat
     assert _run("--config", str(config), "verify").returncode == 2  # verify has no --config: said, not ignored
 
 
+def _wait_for_a_waiter(locks: lockkit.Locker, name: str, child: subprocess.Popen[str]) -> None:
+    """Until the child has registered as a waiter on ``name`` (it blocks in acquire from then on)."""
+    deadline = time.monotonic() + 30
+    while not locks.holder(name).waiters:
+        assert child.poll() is None, f"lockkit run exited early: {child.returncode}"
+        assert time.monotonic() < deadline, "lockkit run never queued on the lock"
+        time.sleep(0.02)
+
+
 def test_ctrl_c_while_waiting_exits_130_without_a_traceback(tmp_path: Path) -> None:
     url = (tmp_path / "locks").as_uri()
     with lockkit.connect(url) as locks, locks.lock("job", ttl=30):
@@ -48,7 +57,7 @@ def test_ctrl_c_while_waiting_exits_130_without_a_traceback(tmp_path: Path) -> N
             [*LOCKKIT, "run", "job", "--url", url, "--", "true"], stderr=subprocess.PIPE, text=True
         )
         try:
-            time.sleep(1.5)  # let it start and block in acquire
+            _wait_for_a_waiter(locks, "job", waiting)
             waiting.send_signal(signal.SIGINT)
             _, err = waiting.communicate(timeout=30)
         finally:

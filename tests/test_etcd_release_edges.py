@@ -16,13 +16,17 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 
 import lockkit
 from backends.pytest_fixtures import ProxyFactory
 from backends.servers import EtcdServer
+from lockkit.drivers.etcd.client import EtcdClient
 from lockkit.drivers.etcd.keys import name_range
+from lockkit.drivers.etcd.session import Sessions
+from lockkit.testing import FakeClock
 
 LESSOR_TICK = 0.5  # etcd revokes expired leases on a 500 ms tick
 SLACK = 1.0  # generous: the client's gRPC channel reconnects (with backoff) after the proxy resets it
@@ -238,3 +242,65 @@ def test_A2_etcd_orphan_never_tried_does_not_cost_its_session_lease(
         time.sleep(max(0.0, orphaned + 2 * ttl_b + SLACK - time.monotonic()))  # well past the ttl-4 lease's TTL
         assert not lost_b.is_set() and kept_b.valid, "a lease was given up over an orphan it never tried to delete"
         assert not kept_a.valid
+
+
+class _Lost:
+    """Session-lease events as the driver reports them: which tokens were lost."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def lost(self, token: str, reason: str) -> None:
+        self.reasons.append(reason)
+
+    def uncertain(self, token: str, reason: str) -> None:
+        pass
+
+    def restored(self, token: str) -> None:
+        pass
+
+
+def test_A2_etcd_orphan_clock_starts_at_its_first_refused_delete(
+    etcd_server: EtcdServer, fault_proxy: ProxyFactory
+) -> None:
+    """An orphan that waited untried for more than a TTL, while keepalives succeeded, then fails one delete
+    (a blip): the lease is kept. Only deletes that keep failing for a whole TTL from the first refusal cost it.
+
+    Before, the clock started when the key was orphaned, so that first failed delete gave the lease up and
+    reported every other lock on it lost over a single refused request."""
+    proxy = fault_proxy(etcd_server)
+    clock, events = FakeClock(1000.0), _Lost()
+    client = EtcdClient([("127.0.0.1", proxy.port)], timeout=1.0)
+    sessions = Sessions(client, clock, events)
+    try:
+        session = sessions.get(3)
+        session.tokens.add("other-lock")
+        sessions.orphan(session, f"/release-edges/{_name()}".encode(), value=b"ours")
+        clock.advance(session.ttl + 1.0)  # untried for more than a TTL (no sweep came) ...
+        assert sessions.refresh(session, 0)  # ... while the lease's keepalives succeed
+        proxy.set_mode("reset")
+        sessions.sweep()  # the first try of its delete fails
+        assert not session.dead and not events.reasons, f"one failed delete cost the lease: {events.reasons}"
+        assert sessions.has_orphans, "the refused orphan must be kept for the next sweep"
+        proxy.heal()
+        clock.advance(session.ttl + 1.0)  # refused since a whole TTL, keepalives going on
+        assert _eventually(lambda: sessions.refresh(session, 0)), "the keepalive never got through after heal"
+        proxy.set_mode("reset")
+        sessions.sweep()
+        assert session.dead and events.reasons, "an orphan refused for a whole TTL must cost its lease"
+    finally:
+        proxy.heal()
+        sessions.close()
+        client.close()
+
+
+def _eventually(attempt: Callable[[], bool], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if attempt():
+                return True
+        except lockkit.BackendUnavailable:
+            pass
+        time.sleep(0.1)
+    return False

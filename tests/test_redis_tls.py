@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import lockkit
+from backends import tls
 from backends.servers import RedisServer, free_port
 from lockkit import BackendUnavailable
 
@@ -19,36 +19,16 @@ PASSWORD = "s3cr3t-XYZ"
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make certificates")
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _key_and_csr(d: Path, stem: str, cn: str) -> None:
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-             f"{stem}.key", "-out", f"{stem}.csr", "-subj", f"/CN={cn}", cwd=d)
-
-
-def _ca(d: Path, stem: str) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-             f"{stem}.key", "-out", f"{stem}.pem", "-days", "2", "-subj", f"/CN=lockkit test {stem}", cwd=d)
-
-
-def _sign(d: Path, stem: str, extensions: str) -> None:
-    (d / f"{stem}.ext").write_text(extensions)
-    _openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", f"{stem}.pem", "-days", "2", "-extfile", f"{stem}.ext", cwd=d)
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tls")
-    _ca(d, "ca")
-    _ca(d, "other-ca")  # trusted by nobody: the "wrong CA" case
-    _key_and_csr(d, "server", "localhost")
+    tls.ca(d, "ca")
+    tls.ca(d, "other-ca")  # trusted by nobody: the "wrong CA" case
+    tls.key_and_csr(d, "server", "localhost")
     # the name is "localhost" only (no IP address), so connecting to 127.0.0.1 is a host-name mismatch
-    _sign(d, "server", "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    _key_and_csr(d, "client", "lockkit-client")
-    _sign(d, "client", "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    tls.sign(d, "server", "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    tls.key_and_csr(d, "client", "lockkit-client")
+    tls.sign(d, "client", "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
     return d
 
 

@@ -1,8 +1,8 @@
 """Safety at the API's edges (docs/reliability.md, A-1 and A-2), against real servers.
 
-A-1: ``renew(ttl=…)`` with a ttl shorter or longer than the one the lease has. The server's expiry moves to
-the new ttl; the lease must follow it (never say ``valid`` after the server could have expired it), and
-automatic renewal must go on at the new ttl's pace.
+A-1: ``renew(ttl=…)`` with a ttl shorter or longer than the one the lease has, on both faces. The server's
+expiry moves to the new ttl; the lease must follow it (never say ``valid`` after the server could have expired
+it), and automatic renewal must go on at the new ttl's pace.
 
 A-2: an asyncio ``release()`` (or ``renew()``) cancelled at an await point. The lease's state must match the
 server's afterwards: released on both sides, or held on both sides and still renewed — never ``valid`` while
@@ -129,6 +129,70 @@ def test_A1_renew_with_longer_ttl_moves_the_deadline_out(request: pytest.Fixture
         assert lease.valid
         assert second.lock(name, ttl=3).try_acquire() is None
         lock.release()
+
+
+@pytest.mark.parametrize("backend", TTL_BACKENDS)
+async def test_A1_async_renew_with_shorter_ttl_leaves_no_second_valid_holder(
+    request: pytest.FixtureRequest, backend: str
+) -> None:
+    """The asyncio face of the first A-1 test: ``await lock.renew(ttl=1)`` ends the lease with the server's key."""
+    url = _url(request, backend)
+    name = _name("a1-ashort")
+    async with lockkit.connect_async(url) as first, lockkit.connect_async(url) as second:
+        lock = first.lock(name, ttl=30, auto_renew=False)
+        lease = await lock.acquire(timeout=5)
+        await asyncio.sleep(1.2)  # the renewal scheduler has looked at (admitted) the lease by now
+        await lock.renew(ttl=1)
+        assert lease.remaining() <= 1.0, f"after renew(ttl=1) the lease still claims {lease.remaining():.1f} s"
+        assert lease.ttl == pytest.approx(1.0, abs=0.01)
+        deadline = time.monotonic() + 5
+        other = None
+        while other is None and time.monotonic() < deadline:
+            other = await second.lock(name, ttl=3).try_acquire()
+            if other is None:
+                await asyncio.sleep(0.05)
+        assert other is not None, "the server kept the lock although its ttl was shortened to 1 s"
+        assert not lease.valid, f"two valid holders: the first lease still says {lease.remaining():.1f} s left"
+
+
+@pytest.mark.parametrize("backend", TTL_BACKENDS)
+async def test_A1_async_renew_with_shorter_ttl_renews_at_the_new_ttl(
+    request: pytest.FixtureRequest, backend: str
+) -> None:
+    """The asyncio face: after ``await lock.renew(ttl=1)`` the renewal task keeps the 1 s ttl's pace."""
+    url = _url(request, backend)
+    name = _name("a1-asched")
+    lost: list[Lease] = []
+    async with lockkit.connect_async(url) as first, lockkit.connect_async(url) as second:
+        lock = first.lock(name, ttl=30, on_lost=lost.append)
+        lease = await lock.acquire(timeout=5)
+        await asyncio.sleep(1.2)
+        await lock.renew(ttl=1)
+        for _ in range(5):  # 2.5 s: several periods of the new ttl, far short of the old ttl's first renewal
+            await asyncio.sleep(0.5)
+            taken = await second.lock(name, ttl=3).try_acquire()
+            assert taken is None, "a second client acquired: renewal went on at the old ttl's pace"
+            assert lease.valid, f"the lease was lost: {lease.lost_reason}"
+        assert not lost
+        assert lease.remaining() <= 1.0
+        await lock.release()
+
+
+@pytest.mark.parametrize("backend", TTL_BACKENDS)
+async def test_A1_async_renew_with_longer_ttl_moves_the_deadline_out(
+    request: pytest.FixtureRequest, backend: str
+) -> None:
+    url = _url(request, backend)
+    name = _name("a1-along")
+    async with lockkit.connect_async(url) as first, lockkit.connect_async(url) as second:
+        lock = first.lock(name, ttl=2, auto_renew=False)
+        lease = await lock.acquire(timeout=5)
+        await lock.renew(ttl=6)
+        assert lease.remaining() > 5.0
+        await asyncio.sleep(2.5)  # past the first ttl: the server must still hold it for us
+        assert lease.valid
+        assert await second.lock(name, ttl=3).try_acquire() is None
+        await lock.release()
 
 
 def test_A1_renewal_tickets_cap_overlapping_renewals() -> None:

@@ -32,6 +32,20 @@ def test_a_real_lock_survives_kills_and_pauses(tmp_path: Path) -> None:
     assert report["kills"] + report["pauses"] >= 1
 
 
+def test_the_first_fault_comes_after_the_first_acquisition(tmp_path: Path) -> None:
+    # Spawned workers take a while to import lockkit and connect: a kill drawn 0.5-1.5 x TTL after spawning
+    # could hit a process that had never reached the lock, a fault test of nothing. Faults now wait for the
+    # first critical section (within the room the run leaves), and the report says how many came before.
+    url = (tmp_path / "locks").as_uri()
+    # With a 0.1 s TTL the old controller's first kill came 50-150 ms after spawning, before any worker had
+    # acquired (0 critical sections before it in 3 runs of 3).
+    args = ["--url", url, "--processes", "3", "--duration", "2", "--ttl", "0.1", "--faults", "kill"]
+    done = subprocess.run([*VERIFY, *args], **RUN)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["ok"], report
+    assert report["kills"] >= 1 and report["acquisitions_before_first_fault"] >= 1, report
+
+
 def test_memory_is_refused_across_processes() -> None:
     # memory:// locks only the threads of one process and verify's workers are processes: the run could
     # only show that (issue 20: it printed ~945 overlaps and nothing else), so verify says so up front.

@@ -116,6 +116,10 @@ class VerifyReport:
     handoff_ms_p50: float | None = None
     handoff_ms_p99: float | None = None
     takeover_ms: list[float] = field(default_factory=list)
+    acquisitions_before_first_fault: int | None = None
+    """Critical sections finished before the first fault (``None``: no fault). Faults start only once the
+    workers have acquired at least once, so that a kill or pause hits a process in the lock's queue, not one
+    still importing lockkit."""
     expired_on_entry: int = 0
     """Holders whose lease had already expired when they entered (paused right after the grant): not overlaps."""
     first_overlap: list[list[float | int | str]] | None = None
@@ -164,6 +168,16 @@ def _read_log(log: Path) -> list[_Entry]:
         entries.append(_Entry(float(entered), float(left), int(pid), int(token), written))
     entries.sort()
     return entries
+
+
+def _wait_for_first_acquisition(log: Path, latest: float) -> None:
+    """Until a worker has logged a critical section (the workers are up and queued on the lock) or ``latest``.
+
+    Spawned workers take a while to import lockkit and connect; a fault injected before that tests nothing.
+    Read by polling a local file every 20 ms: a controller's wait, not a lock's.
+    """
+    while time.monotonic() < latest and log.stat().st_size == 0:
+        time.sleep(0.02)
 
 
 def _backwards_grants(held: list[_Entry]) -> int:
@@ -282,6 +296,9 @@ def run(
         kill_times: list[float] = []
         rng = random.Random()
         injected = False
+        if faults:
+            _wait_for_first_acquisition(log_path, until - ttl * 2)
+            report.acquisitions_before_first_fault = len(_read_log(log_path))
         # At least one fault (the duration check above leaves room for it), then more while 2 x TTL remain.
         while faults and (not injected or time.monotonic() < until - ttl * 2):
             window = until - ttl * 2 - time.monotonic()

@@ -24,6 +24,7 @@ thousand locks costs one keepalive per period.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -81,8 +82,12 @@ class _Orphan:
     revision: int
     """Its create_revision if known (the delete is guarded on it), else 0: guarded on ``value``."""
     value: bytes
-    since: float
-    """``clock()`` when it was orphaned: one that cannot be deleted for a whole TTL costs the lease."""
+    refused_since: float | None = None
+    """``clock()`` at the first sweep whose delete of it failed (``None``: never tried, or not refused yet).
+
+    One whose deletes keep failing for a whole TTL while its lease's keepalives succeed costs the lease. The
+    clock starts at the first refusal, not at the orphaning: an orphan that waited untried (behind another
+    one, or with no sweep due) must not cost every lock of its lease on its first failed delete."""
 
 
 @dataclass(eq=False)
@@ -247,7 +252,7 @@ class Sessions:
         session lease alive also sweeps it, so an orphan never outlives the lease's keepalives for long.
         """
         with self._mutex:
-            self._orphans.append(_Orphan(session, key, revision, value, self._clock()))
+            self._orphans.append(_Orphan(session, key, revision, value))
 
     def sweep(self) -> None:
         """Try once to delete every orphaned key (each delete guarded, so a new owner is never touched).
@@ -276,6 +281,8 @@ class Sessions:
                     self.free(orphan.session, orphan.key)
         except BackendUnavailable:  # refused or unreachable: keep what is left for the next sweep
             failed, untried = orphans[index], orphans[index + 1 :]
+            if failed.refused_since is None:
+                failed = dataclasses.replace(failed, refused_since=self._clock())
             with self._mutex:
                 # The untried go first next time, the failed one last: an orphan etcd keeps refusing must not
                 # keep the ones behind it from ever being tried.
@@ -293,7 +300,10 @@ class Sessions:
         stuck = {
             id(o.session): o.session
             for o in orphans
-            if not o.session.dead and now - o.since >= o.session.ttl and o.session.refreshed_at > o.since
+            if o.refused_since is not None
+            and not o.session.dead
+            and now - o.refused_since >= o.session.ttl
+            and o.session.refreshed_at > o.refused_since
         }
         for session in stuck.values():
             self.lose(session, "a lock key on it could not be deleted for a whole TTL; lease given up", revoke=True)

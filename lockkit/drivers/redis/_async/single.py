@@ -97,7 +97,9 @@ class AsyncRedisDriver:
         hub = self._hub
         hub.own_process()
         wid = waiter_id(hub.client_id, ttl, token)  # a release's grant to it goes to the client's own channel
-        targets = [(hub, self._keys(name).channel), (hub, hub.client_channel)]
+        keys = self._keys(name)
+        # the client's channel for this lock: ``<prefix>client:<id>`` (redis://), in the lock's slot on a cluster
+        targets = [(hub, keys.channel), (hub, keys.clients + hub.client_id.encode())]
         before = snapshots(targets)  # before the first attempt; the watcher itself only if we must wait
         watcher: AsyncWatcher | None = None
 
