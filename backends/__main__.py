@@ -1,4 +1,5 @@
-"""``python -m backends up [redis|redlock|sentinel|zookeeper|etcd|all]...`` / ``python -m backends install``."""
+"""``python -m backends up [redis|redlock|sentinel|cluster|zookeeper|etcd|postgres|all]...``, ``python -m backends
+install``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from types import FrameType
 
 from backends.servers import (
     EtcdServer,
+    PostgresServer,
+    RedisCluster,
     RedisServer,
     RedlockServers,
     SentinelSet,
@@ -20,8 +23,10 @@ from backends.servers import (
     ZooKeeperServer,
 )
 
-KINDS = ("redis", "redlock", "sentinel", "zookeeper", "etcd")
-_Stoppable = RedisServer | RedlockServers | SentinelSet | ZooKeeperServer | EtcdServer
+KINDS = ("redis", "redlock", "sentinel", "cluster", "zookeeper", "etcd", "postgres")
+_Stoppable = (
+    RedisServer | RedlockServers | SentinelSet | RedisCluster | ZooKeeperServer | EtcdServer | PostgresServer
+)
 
 
 def _make(kind: str) -> _Stoppable:
@@ -31,6 +36,8 @@ def _make(kind: str) -> _Stoppable:
         "sentinel": SentinelSet,
         "zookeeper": ZooKeeperServer,
         "etcd": EtcdServer,
+        "postgres": PostgresServer,
+        "cluster": RedisCluster,
     }
     return factories[kind]()
 
@@ -38,7 +45,7 @@ def _make(kind: str) -> _Stoppable:
 def _alive(obj: _Stoppable) -> bool:
     if isinstance(obj, RedlockServers):
         return all(s.running for s in obj.servers)
-    if isinstance(obj, SentinelSet):
+    if isinstance(obj, (SentinelSet, RedisCluster)):
         return all(member.running for member in obj.members)
     return obj.running
 

@@ -3,6 +3,7 @@
 # Idempotent: installs only what is missing; prints nothing when all is present.
 #   redis-server, redis-sentinel, zookeeper (jars in /usr/share/java), etcd-server, etcd-client, headless JRE,
 #   libcurator-recipes-java and a JDK with javac (tests/test_interop_curator.py compiles a Curator client),
+#   postgresql (15: the server binaries, run from /usr/lib/postgresql/15/bin; no cluster is used),
 #   prometheus (for promtool: the alert rules of monitoring/ are checked and unit-tested)
 set -euo pipefail
 
@@ -29,6 +30,7 @@ check etcd-server have_cmd etcd
 check etcd-client have_cmd etcdctl
 check openssl have_cmd openssl   # the TLS tests make a CA and certificates at run time
 check prometheus have_cmd promtool   # tests/test_metrics_rules.py: promtool check/test rules
+check postgresql test -x /usr/lib/postgresql/15/bin/postgres   # tests/test_postgres*.py (initdb'd per run)
 check libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar   # tests/test_interop_curator.py
 # the Curator interop test compiles its client at test time: any JDK with javac will do
 if ! have_cmd javac >/dev/null 2>&1; then

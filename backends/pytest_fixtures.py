@@ -24,6 +24,7 @@ from backends.proxy import FaultProxy
 from backends.servers import (
     EtcdCluster,
     EtcdServer,
+    PostgresServer,
     RedisServer,
     RedlockServers,
     SentinelSet,
@@ -36,10 +37,12 @@ __all__ = [
     "fault_proxy",
     "fresh_etcd",
     "fresh_etcd_cluster",
+    "fresh_postgres",
     "fresh_redis",
     "fresh_redlock",
     "fresh_sentinel",
     "fresh_zookeeper",
+    "postgres_server",
     "redis_server",
     "redlock_servers",
     "sentinel_set",
@@ -191,3 +194,46 @@ def fault_proxy() -> Iterator[ProxyFactory]:
         yield factory
     finally:
         _stop_all(started)
+
+
+# ----------------------------------------------------------------- PostgreSQL (issue 19)
+
+PostgresFactory = Callable[..., PostgresServer]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL 15 cluster for the session (superuser URL with a password); do not kill or restart it."""
+    yield from _serve(PostgresServer())
+
+
+@pytest.fixture
+def fresh_postgres() -> Iterator[PostgresFactory]:
+    """``fresh_postgres(**kw)`` -> a started PostgresServer of the test's own (``standby_of=`` for a hot standby)."""
+    yield from _own(PostgresServer)
+
+# ----------------------------------------------------------------- Redis Cluster (issue 14)
+
+from backends.servers import RedisCluster  # noqa: E402  (appended block: keeps merges with the imports above easy)
+
+__all__ += ["fresh_redis_cluster", "redis_cluster"]
+
+RedisClusterFactory = Callable[..., RedisCluster]
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """Three masters, no replicas, made one cluster; do not kill its members or move its slots."""
+    group = RedisCluster()
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def fresh_redis_cluster() -> Iterator[RedisClusterFactory]:
+    """``fresh_redis_cluster(masters=3, replicas=0, **kw)`` -> a started RedisCluster, for tests that kill its
+    masters or migrate its slots."""
+    yield from _own(RedisCluster)

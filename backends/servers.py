@@ -47,6 +47,7 @@ __all__ = [
     "STOP_TIMEOUT",
     "EtcdCluster",
     "EtcdServer",
+    "PostgresServer",
     "RedisServer",
     "RedlockServers",
     "SentinelServer",
@@ -79,6 +80,7 @@ M = TypeVar("M", bound="Server")
 G = TypeVar("G", bound="ServerGroup[Any]")
 C = TypeVar("C", bound="EtcdCluster")
 SS = TypeVar("SS", bound="SentinelSet")
+RC = TypeVar("RC", bound="RedisCluster")
 
 
 class ServerError(RuntimeError):
@@ -1389,3 +1391,281 @@ class EtcdCluster(ServerGroup[EtcdServer]):
         """The running members other than the current leader."""
         leader = self.leader(timeout)
         return [m for m in self.running_members() if m is not leader]
+
+
+# --------------------------------------------------------------------------- PostgreSQL (issue 19)
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_SUPERUSER = "postgres"
+
+
+def _pg_binary(name: str) -> str:
+    """A PostgreSQL program: Debian keeps them in /usr/lib/postgresql/<major>/bin, off PATH."""
+    for candidate in (PG_BIN / name, *sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)):
+        if candidate.exists():
+            return str(candidate)
+    return _require_binary(name)
+
+
+def _pg_account() -> tuple[int, int] | None:
+    """The (uid, gid) the server runs as: PostgreSQL refuses to run as root, so root hands it to an unprivileged
+    account (Debian's ``postgres``, else ``nobody``); any other user runs it as itself (``None``)."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    for user in ("postgres", "nobody"):
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            continue
+        return entry.pw_uid, entry.pw_gid
+    raise ServerError("running as root, but neither a 'postgres' nor a 'nobody' account exists to run PostgreSQL")
+
+
+class PostgresServer(Server):
+    """PostgreSQL 15 in a fresh ``initdb`` cluster on 127.0.0.1, run as an unprivileged account.
+
+    The superuser ``postgres`` has a random password (scram-sha-256 over TCP), so that :attr:`url` carries
+    one, as a production URL would. With ``standby_of``, the cluster is a ``pg_basebackup -R`` copy of that
+    server and runs as a hot standby (read-only, ``pg_is_in_recovery()`` true).
+    """
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        *,
+        standby_of: PostgresServer | None = None,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        ready_timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        tmp_parent: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(extra_args=extra_args, port=port, ready_timeout=ready_timeout, env=env, tmp_parent=tmp_parent)
+        self.standby_of = standby_of
+        self.password = standby_of.password if standby_of is not None else uuid.uuid4().hex
+        self.database = "postgres"
+        self._account = _pg_account()
+
+    def _as_account(self, argv: list[str]) -> list[str]:
+        if self._account is None:
+            return argv
+        uid, gid = self._account
+        return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
+
+    def _give_away(self, path: Path) -> None:
+        if self._account is not None:
+            os.chown(path, *self._account)
+
+    def _prepare(self) -> None:
+        # The account must reach its directories: mkdtemp's 0700 belongs to root.
+        self._give_away(self.workdir)
+        self._give_away(self.data_dir)
+        if (self.data_dir / "PG_VERSION").exists():
+            return  # a restart keeps the cluster
+        if self.standby_of is None:
+            pwfile = self.workdir / "pwfile"
+            pwfile.write_text(self.password + "\n")
+            self._give_away(pwfile)
+            argv = [
+                _pg_binary("initdb"), "-D", str(self.data_dir), "-U", PG_SUPERUSER, "--pwfile", str(pwfile),
+                "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync",
+            ]  # fmt: skip
+        else:
+            primary = self.standby_of
+            argv = [
+                _pg_binary("pg_basebackup"), "-D", str(self.data_dir), "-h", primary.host, "-p", str(primary.port),
+                "-U", PG_SUPERUSER, "-R", "-X", "stream", "--no-sync",
+            ]  # fmt: skip
+        env = self._env()
+        env["PGPASSWORD"] = self.password
+        done = subprocess.run(self._as_account(argv), cwd=self.workdir, env=env, capture_output=True, timeout=120)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode("utf-8", errors="replace")
+            raise ServerError(f"postgres: {argv[0]} failed with status {done.returncode}:\n{output[-4000:]}")
+        os.chmod(self.data_dir, 0o700)
+
+    def _command(self) -> list[str]:
+        argv = [
+            _pg_binary("postgres"),
+            "-D", str(self.data_dir),
+            "-c", f"listen_addresses={self.host}",
+            "-c", f"port={self.port}",
+            "-c", f"unix_socket_directories={self.workdir}",
+            "-c", "fsync=off",
+            "-c", "synchronous_commit=off",
+            "-c", "full_page_writes=off",
+            "-c", "max_connections=300",
+            "-c", "shared_buffers=32MB",
+            "-c", "max_wal_senders=4",
+            "-c", "wal_level=replica",
+            "-c", "hot_standby=on",
+        ]  # fmt: skip
+        return self._as_account(argv + self.extra_args)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{PG_SUPERUSER}:{quote(self.password, safe='')}@{self.host}:{self.port}/{self.database}"
+
+    def url_for(self, user: str, password: str, **options: str) -> str:
+        """The URL of another role on this server (``tests/test_postgres_faults.py``'s ACL test)."""
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        auth = f"{quote(user, safe='')}:{quote(password, safe='')}"
+        return f"postgresql://{auth}@{self.host}:{self.port}/{self.database}" + (f"?{query}" if query else "")
+
+    def probe(self, timeout: float = 0.5) -> bool:
+        wait = str(max(1, round(timeout)))
+        argv = [_pg_binary("pg_isready"), "-q", "-h", self.host, "-p", str(self.port), "-t", wait]
+        try:
+            return subprocess.run(argv, capture_output=True, timeout=timeout + 2).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def psql(self, sql: str, database: str | None = None) -> str:
+        """Run ``sql`` as the superuser over the server's Unix socket; the output, unaligned, tuples only."""
+        argv = [
+            _pg_binary("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", str(self.workdir),
+            "-p", str(self.port), "-U", PG_SUPERUSER, "-d", database or self.database, "-c", sql,
+        ]  # fmt: skip
+        done = subprocess.run(self._as_account(argv), capture_output=True, timeout=60, env=self._env())
+        if done.returncode != 0:
+            raise ServerError(f"psql failed: {done.stderr.decode('utf-8', errors='replace')}")
+        return done.stdout.decode("utf-8", errors="replace").strip()
+
+    def _terminate(self) -> None:
+        # SIGTERM is PostgreSQL's *smart* shutdown, which waits for every client to leave: ask for a fast one
+        # (SIGINT: sessions are ended, their advisory locks dropped) and let the base class escalate.
+        proc = self._proc
+        if proc is not None and proc.poll() is None and not self._paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            self._wait_exit_noreap(STOP_TIMEOUT)
+        super()._terminate()
+
+# --------------------------------------------------------------------------- Redis Cluster
+
+
+class RedisClusterNode(RedisServer):
+    """One ``redis-server --cluster-enabled yes`` on loopback, its cluster bus on a free port of its own."""
+
+    name = "redis-cluster"
+
+    def __init__(self, *, node_timeout_ms: int = 1000, extra_args: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(extra_args=extra_args, **kwargs)
+        self.node_timeout_ms = node_timeout_ms
+        self.bus_port: int | None = None
+
+    def _allocate_extra_ports(self) -> None:
+        self.bus_port = free_port(self.host)
+
+    def _command(self) -> list[str]:
+        if self.bus_port is None:
+            self._allocate_extra_ports()
+        assert self.bus_port is not None
+        return [
+            *super()._command(),
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-port", str(self.bus_port),
+            # a replica of a dead master may take over at once, however long its link was down
+            "--cluster-replica-validity-factor", "0",
+        ]  # fmt: skip
+
+    def ask(self, *command: str | int) -> Any:
+        import redis
+
+        client = redis.Redis(self.host, self.port, password=self.password, socket_timeout=5, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def node_id(self) -> str:
+        return str(self.ask("CLUSTER", "MYID"))
+
+
+class RedisCluster(ServerGroup[RedisClusterNode]):
+    """``masters`` masters (default 3) with ``replicas`` replicas each, made one cluster by
+    ``redis-cli --cluster create … --cluster-yes``; ``start`` returns once every node reports ``cluster_state:ok``
+    and agrees on the slot map, and every replica is in sync. Members are stopped by PID like every server here."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, *, node_timeout_ms: int = 1000) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self.n_masters, self.n_replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        self.members = []
+
+    def start(self: RC) -> RC:
+        try:
+            for _ in range(self.n_masters * (1 + self.n_replicas)):
+                # no delay before a diskless full sync (5 s by default): the replicas are in sync at once
+                sync = ["--repl-diskless-sync-delay", "0"]
+                node = RedisClusterNode(node_timeout_ms=self.node_timeout_ms, extra_args=sync)
+                self.members.append(node)
+                node.start()
+            argv = [_require_binary("redis-cli"), "--cluster", "create"]
+            argv += [f"{n.host}:{n.port}" for n in self.members]
+            argv += ["--cluster-replicas", str(self.n_replicas), "--cluster-yes"]
+            done = subprocess.run(argv, capture_output=True, timeout=60, env=_clean_env(), check=False)
+            if done.returncode != 0:
+                raise ServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}")
+            self.wait_settled()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_settled(self, timeout: float = 30.0) -> None:
+        """Until every running node says ``cluster_state:ok`` and they all report the same slot map."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(Exception):
+                if self._settled():
+                    return
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(f"redis cluster: not settled after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _settled(self) -> bool:
+        maps = set()
+        for node in self.running_members():
+            if "cluster_state:ok" not in str(node.ask("CLUSTER", "INFO")):
+                return False
+            maps.add(repr(sorted((s[0], s[1], s[2][1]) for s in node.ask("CLUSTER", "SLOTS"))))
+            if node.ask("ROLE")[0] == "slave" and node.ask("INFO", "replication").get("master_link_status") != "up":
+                return False  # a replica still syncing: a WAIT 1 would not count it
+        return len(maps) == 1
+
+    def running_members(self) -> list[RedisClusterNode]:
+        return [m for m in self.members if m.running and not m.paused]
+
+    def masters(self) -> list[RedisClusterNode]:
+        """The running nodes that are masters serving slots, as they say themselves."""
+        out = []
+        for node in self.running_members():
+            role = node.ask("ROLE")
+            if role[0] == "master" and any(int(s[1]) >= 0 for s in node.ask("CLUSTER", "SLOTS")):
+                out.append(node)
+        return out
+
+    def node_for_slot(self, slot: int) -> RedisClusterNode:
+        """The running master serving ``slot`` (as the first running node says)."""
+        for slot_range in self.running_members()[0].ask("CLUSTER", "SLOTS"):
+            if int(slot_range[0]) <= slot <= int(slot_range[1]):
+                port = int(slot_range[2][1])
+                for node in self.members:
+                    if node.port == port:
+                        return node
+        raise ServerError(f"redis cluster: no node serves slot {slot}")
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://h1:p1,h2:p2,h3:p3``: the masters as started (any node would do as a seed)."""
+        return "redis+cluster://" + ",".join(f"{n.host}:{n.port}" for n in self.members[: self.n_masters])
+
+    def stop(self) -> None:
+        """SIGKILL every member (by PID) and delete its directory: the data is thrown away anyway."""
+        self._stop_members(kill_first=True)

@@ -29,6 +29,9 @@ QUICK = {
     "redis": ["--ops", "100", "--rounds", "3", "--contend", "2", "--locks", "1000", "--hold", "4"],
     "zookeeper": ["--rounds", "300", "--many", "1000", "--hold", "4", "--contend", "2"],
     "etcd": ["--rounds", "300", "--many", "1000", "--hold", "4", "--contend", "2"],
+    "growth": ["--quick", "--no-plot", "--json", os.devnull],  # the full run rewrites docs/images/growth-*.png
+    "postgres": ["--rounds", "300", "--many", "1000", "--hold", "2", "--contend", "2"],
+    "redis_ha": ["--ops", "100", "--rounds", "3", "--kills", "1"],  # bench_redis_ha.py: Sentinel and Cluster
 }
 COMPARE_QUICK = ["--quick"]
 

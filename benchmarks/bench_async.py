@@ -1,6 +1,6 @@
 """The asyncio faces against asyncio floors (issue 17's "async faces" goal: each ≤ 1.1×).
 
-    .venv/bin/python benchmarks/bench_async.py [--ops 400] [--rounds 5] [--parts redis,redlock,etcd]
+    .venv/bin/python benchmarks/bench_async.py [--ops 400] [--rounds 5] [--parts redis,redlock,etcd,zookeeper]
 
 Starts its own throw-away servers on loopback (backends/servers.py). Uncontended acquire+release on fresh
 names, one event loop, alternating in blocks of 10 with each face's floor, which does the same raw commands
@@ -12,7 +12,10 @@ the way an asyncio program would without lockkit:
   then all replies read, then the same for the ``EVALSHA`` (the 5-master parallel floor, on the loop);
 * etcd://, whose asyncio face is the thread-offload adapter (lockkit.offload.ThreadOffloadDriver), against
   the raw calls offloaded the same way: the put-if-absent txn under a lease, then the delete txn, each
-  submitted to a thread pool and awaited through ``asyncio.wrap_future``.
+  submitted to a thread pool and awaited through ``asyncio.wrap_future``;
+* zookeeper://, also the thread-offload adapter, against kazoo's raw calls offloaded the same way: the
+  ``multi`` that makes a fresh name's parent (container) and ephemeral sequential node together, then the
+  ``delete``, each submitted to a thread pool and awaited (the requests lockkit sends for a fresh name).
 
 Medians, p99 and ratios of medians against the row's floor.
 """
@@ -38,7 +41,7 @@ import redis
 import redis.asyncio
 
 import lockkit
-from backends.servers import EtcdServer, RedisServer, RedlockServers
+from backends.servers import EtcdServer, RedisServer, RedlockServers, ZooKeeperServer
 from benchmarks._common import latency_table
 
 CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -147,6 +150,45 @@ async def etcd_part(url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
+async def zookeeper_part(url: str, ops: int) -> str:
+    from kazoo.client import KazooClient
+    from kazoo.security import OPEN_ACL_UNSAFE
+
+    from lockkit.drivers.zookeeper.client import found_async, founded
+
+    client = KazooClient(hosts=url.split("://", 1)[1])
+    client.start(timeout=15)
+    client.ensure_path("/bench-raw")
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="bench-offload")
+
+    def create(parent: str) -> str:  # the multi lockkit sends for a name it has not seen: parent + node
+        child, _czxid = founded(found_async(client, parent, "n__lock__", b"t" * 8, OPEN_ACL_UNSAFE).get())
+        return f"{parent}/{child}"
+
+    async def floor(name: str) -> None:
+        node = await asyncio.wrap_future(pool.submit(create, f"/bench-raw/{name.replace(':', '-')}"))
+        await asyncio.wrap_future(pool.submit(client.delete, node, 0))
+
+    try:
+        async with lockkit.connect_async(url) as locks:
+            samples = await ainterleave({"offloaded raw kazoo calls": floor, "zookeeper:// async": via(locks)}, ops)
+    finally:
+        client.delete("/bench-raw", recursive=True)
+        client.stop()
+        client.close()
+        pool.shutdown()
+    return latency_table(samples, unit="µs")
+
+
+@contextlib.contextmanager
+def _zookeeper() -> Iterator[str]:
+    server = ZooKeeperServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @contextlib.contextmanager
 def _etcd() -> Iterator[str]:
     server = EtcdServer().start()
@@ -160,7 +202,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", type=int, default=400, help="operations per round and variant")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
-    parser.add_argument("--parts", default="redis,redlock,etcd", help="comma-separated: redis, redlock, etcd")
+    parser.add_argument(
+        "--parts", default="redis,redlock,etcd,zookeeper", help="comma-separated: redis, redlock, etcd, zookeeper"
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     ops = args.ops * args.rounds
@@ -180,6 +224,9 @@ def main() -> None:
         if "etcd" in parts:
             etcd_url = stack.enter_context(_etcd())
             sections.append(("etcd://", lambda: etcd_part(etcd_url, ops)))
+        if "zookeeper" in parts:
+            zookeeper_url = stack.enter_context(_zookeeper())
+            sections.append(("zookeeper://", lambda: zookeeper_part(zookeeper_url, ops)))
         for label, part in sections:
             table = asyncio.run(part())
             print(f"\n{table.replace('## Uncontended', f'## {label} asyncio face, uncontended', 1)}", flush=True)

@@ -58,10 +58,14 @@ _BUILTIN: dict[str, _Builtin] = {
     "unix": _Builtin("lockkit.drivers.redis.single:RedisDriver", "redis", "redis"),
     "redis+sentinel": _Builtin("lockkit.drivers.redis.sentinel:SentinelDriver", "redis", "redis"),
     "rediss+sentinel": _Builtin("lockkit.drivers.redis.sentinel:SentinelDriver", "redis", "redis"),
+    "redis+cluster": _Builtin("lockkit.drivers.redis.cluster:ClusterDriver", "redis", "redis"),
+    "rediss+cluster": _Builtin("lockkit.drivers.redis.cluster:ClusterDriver", "redis", "redis"),
     "redlock": _Builtin("lockkit.drivers.redis.redlock:RedlockDriver", "redis", "redis"),
     "zookeeper": _Builtin("lockkit.drivers.zookeeper.zookeeper_driver:ZooKeeperDriver", "zookeeper", "kazoo"),
     "etcd": _Builtin("lockkit.drivers.etcd.etcd_driver:EtcdDriver", "etcd", "pyetcd"),
     "etcds": _Builtin("lockkit.drivers.etcd.etcd_driver:EtcdDriver", "etcd", "pyetcd"),
+    "postgresql": _Builtin("lockkit.drivers.postgres.driver:PostgresDriver", "postgres", "psycopg"),
+    "postgres": _Builtin("lockkit.drivers.postgres.driver:PostgresDriver", "postgres", "psycopg"),
 }
 
 

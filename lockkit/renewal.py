@@ -52,6 +52,11 @@ RETRY_FRACTION = 0.1
 MAX_RETRY_DELAY = 1.0
 IDLE_TICK = 1.0
 FAILURE_LOG_INTERVAL = 5.0
+GROUP_FRACTION = 0.01
+"""Leases queued together whose due times lie within a hundredth of their TTL share one heap item, due at the
+earliest of them. A driver that renews one lease at a time (memory://, file://) reads the clock per lease, and
+grouped by exact instant each lease was an item of its own again: 100,000 items a round. Earlier is always
+safe: a renewal a hundredth of a TTL early, a deadline looked at early and watched again."""
 
 
 class RenewTarget(Hashable, Protocol):
@@ -71,14 +76,35 @@ class Entry:
     in_flight: bool = False
     ticket: RenewalTicket | None = None
     """The lease's note of the batch renewal in flight (see :meth:`Lease.renewal_started`)."""
-    version: int = 0
-    """Bumped whenever the entry is rescheduled: heap items of older versions are stale."""
+    live: bool = True
+    """Still in the book: false once removed (or replaced by a new grant), when all its heap items are stale."""
+    renew_version: int = 0
+    """Bumped whenever the renewal is rescheduled: renewal items of older versions are stale."""
+    deadline_version: int = 0
+    """Bumped whenever the deadline watch moves: deadline items of older versions are stale."""
+    deadline_at: float = math.inf
+    """When the live deadline item fires: never after the lease's deadline (see :meth:`RenewalBook._push`)."""
+    request: RenewRequest | None = None
+    """The request a batch sends for it, made once (name, token and requested ttl change only by retune)."""
 
     def renewing(self) -> bool:
         return self.auto_renew and (self.stop_renewing_at is None or self.next_renew < self.stop_renewing_at)
 
+    def renew_request(self) -> RenewRequest:
+        request = self.request
+        if request is None:
+            request = self.request = RenewRequest(self.lease.name, self.lease.token, self.requested_ttl)
+        return request
+
 
 _RENEW, _DEADLINE = 0, 1
+_Group = tuple[list["Entry"], list[int]]
+"""Entries queued for one instant, and the version (of its renewal or deadline) each was queued at. Two lists,
+not a pair per entry: a pair would be one more object per lease per round for the cyclic GC to promote and
+scan, and full collections were a third of a 10,000-lease round's CPU."""
+_Queue = dict[int, list[tuple[list[float], _Group]]]
+"""Groups being gathered before they go into the heap, by kind: each with its due time (the earliest member's,
+in a one-item list so that a joining member can lower it), the last one open to members due about then."""
 
 
 def renew_due(lease: Lease) -> float:
@@ -93,16 +119,25 @@ def renew_due(lease: Lease) -> float:
 class RenewalBook:
     """Pure bookkeeping of held leases: due renewals, passed deadlines, applying results.
 
-    A heap of (wake time, entry) with lazy invalidation keeps every operation O(log n), so ten thousand held
-    leases cost a few heap operations per renewal round rather than a scan of all of them per wake-up.
-    Renewals due on a backend whose batch is still in flight are parked on that backend and re-queued when
-    the batch completes; their deadlines stay in the heap, so the watchdog never waits for a slow batch.
+    A heap of (wake time, group of entries) with lazy invalidation. Leases renewed by one batch come back
+    with one send time and, nearly always, one ttl, so they are due again at one instant: they go back into
+    the heap as one item, and a renewal round of ten thousand leases costs a couple of heap operations, not
+    tens of thousands (per-lease heap work also grew with the log of the number held). Each member of a group
+    carries the version of its entry it was queued at; an entry rescheduled since (retune, release) leaves
+    its old membership stale, skipped when the group is taken.
+
+    Each entry has one live renewal and one live deadline membership, versioned apart. The deadline watch
+    stays where it is while renewals move the deadline later, and is moved only when the deadline moved
+    earlier (it must never fire after it) or when it would otherwise fire before the next renewal (a wake-up
+    that would find nothing to do). Renewals due on a backend whose batch is still in flight are parked on
+    that backend and re-queued when the batch completes; their deadlines stay in the heap, so the watchdog
+    never waits for a slow batch.
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._entries: dict[int, Entry] = {}
-        self._heap: list[tuple[float, int, int, int, Entry]] = []
+        self._heap: list[tuple[float, int, int, float, _Group]] = []
         self._seq = itertools.count()
         self._busy: set[Any] = set()
         self._parked: dict[Any, list[Entry]] = {}
@@ -115,40 +150,84 @@ class RenewalBook:
     def __len__(self) -> int:
         return len(self._entries) + len(self._incoming)
 
+    def heap_size(self) -> int:
+        """Items queued, stale ones included: the heap work a renewal round costs (pinned by the tests)."""
+        return len(self._heap)
+
     def _admit(self) -> None:
         incoming, self._incoming = self._incoming, {}
+        queued: _Queue = {}
         for lease, target, requested_ttl, auto_renew, max_hold in incoming.values():
             stop = None if max_hold is None else lease.acquired_at + max_hold
             next_renew = lease.acquired_at + lease.ttl * RENEW_FRACTION
             entry = Entry(lease, target, requested_ttl, auto_renew, stop, next_renew)
             self._entries[id(lease)] = entry
-            self._push(entry)
+            self._push(entry, queued)
+        self._flush(queued)
 
-    def _item(self, at: float, kind: int, entry: Entry) -> None:
-        heapq.heappush(self._heap, (at, next(self._seq), entry.version, kind, entry))
+    def _flush(self, queued: _Queue) -> None:
+        """Put what :meth:`_push` gathered into the heap: one item per (kind, instant)."""
+        heap, seq = self._heap, self._seq
+        for kind, groups in queued.items():
+            for (at,), group in groups:
+                # Renewals due within a tenth of their TTL join a batch (the first member's: pulling a renewal in
+                # early is safe, and a min over the group cost a pass per item); deadlines are exact.
+                window = group[0][0].lease.ttl * COALESCE_FRACTION if kind == _RENEW else 0.0
+                heapq.heappush(heap, (at, next(seq), kind, window, group))
 
-    def _push(self, entry: Entry) -> None:
-        """Reschedule: invalidate the entry's old items, queue its deadline and (if due to renew) its renewal."""
-        entry.version += 1
-        self._item(entry.lease.expires_at, _DEADLINE, entry)
+    def _push(self, entry: Entry, queued: _Queue) -> None:
+        """Reschedule into ``queued`` (see :meth:`_flush`): its renewal, if due to renew and not in flight; and
+        its deadline watch, if the deadline moved earlier, or if the watch would wake the scheduler before the
+        next renewal for a deadline that has since moved later."""
+        lease = entry.lease
+        expires_at = lease.expires_at
+        watched = entry.deadline_at
+        if expires_at != watched and (
+            expires_at < watched or entry.in_flight or not entry.renewing() or watched <= entry.next_renew
+        ):
+            entry.deadline_version += 1
+            entry.deadline_at = _join(queued, _DEADLINE, expires_at, entry, entry.deadline_version)
+        entry.renew_version += 1
         if entry.renewing() and not entry.in_flight:
-            self._item(entry.next_renew, _RENEW, entry)
+            _join(queued, _RENEW, entry.next_renew, entry, entry.renew_version)
 
-    def _live(self, entry: Entry, version: int) -> bool:
-        return self._entries.get(id(entry.lease)) is entry and entry.version == version
+    def _reschedule(self, entry: Entry) -> None:
+        queued: _Queue = {}
+        self._push(entry, queued)
+        self._flush(queued)
+
+    @staticmethod
+    def _current(entry: Entry, version: int, kind: int) -> bool:
+        return entry.live and version == (entry.renew_version if kind == _RENEW else entry.deadline_version)
+
+    def _any_current(self, kind: int, group: _Group) -> bool:
+        """Whether a member of ``group`` is still current; drops the stale ones in front (scanned once)."""
+        entries, versions = group
+        for i, entry in enumerate(entries):
+            if self._current(entry, versions[i], kind):
+                if i:
+                    del entries[:i], versions[:i]
+                return True
+        entries.clear()
+        versions.clear()
+        return False
 
     def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
-        self._entries.pop(id(lease), None)  # re-added (a new grant for the same object): the old entry is stale
+        old = self._entries.pop(id(lease), None)  # re-added (a new grant for the same object): the old entry is stale
+        if old is not None:
+            old.live = False
         self._incoming[id(lease)] = (lease, target, requested_ttl, auto_renew, max_hold)
 
     def remove(self, lease: Lease) -> None:
         if self._incoming.pop(id(lease), None) is None:
-            self._entries.pop(id(lease), None)  # its heap items turn stale
+            entry = self._entries.pop(id(lease), None)
+            if entry is not None:
+                entry.live = False  # its memberships turn stale
 
     def retune(self, lease: Lease, requested_ttl: float | None) -> None:
         """A direct ``renew`` changed the lease (or may have): reschedule it, renewing at ``requested_ttl`` on.
 
-        The deadline item moves with the lease (a shorter ttl must be watched at its own, earlier deadline)
+        The deadline watch moves with the lease (a shorter ttl must be watched at its own, earlier deadline)
         and the next renewal is due a third of the new ttl after it was sent.
         """
         waiting = self._incoming.get(id(lease))
@@ -161,8 +240,9 @@ class RenewalBook:
             return
         if requested_ttl is not None:
             entry.requested_ttl = requested_ttl
+            entry.request = None
         entry.next_renew = renew_due(lease)
-        self._push(entry)  # while a batch is in flight only the deadline is queued; apply() queues the renewal
+        self._reschedule(entry)  # while a batch is in flight only the deadline is queued; apply() queues the renewal
 
     def take_due(self, now: float) -> tuple[dict[Any, list[Entry]], list[Entry]]:
         """Mark due entries in flight and return them by target; also the entries past their deadline."""
@@ -170,32 +250,42 @@ class RenewalBook:
             self._admit()
         batches: dict[Any, list[Entry]] = {}
         expired: list[Entry] = []
-        heap = self._heap
+        watch: _Queue = {}
+        heap, current = self._heap, self._current
         while heap:
-            at, _, version, kind, entry = heap[0]
-            if not self._live(entry, version):
+            at, _, kind, window, group = heap[0]
+            if not self._any_current(kind, group):
                 heapq.heappop(heap)
                 continue
-            # Renewals due within a tenth of their TTL join this batch; deadlines are exact.
-            if at > now + (entry.lease.ttl * COALESCE_FRACTION if kind == _RENEW else 0.0):
+            if at > now + window:
                 break
             heapq.heappop(heap)
-            if entry.lease.state in (LeaseState.LOST, LeaseState.RELEASED):
-                expired.append(entry)  # mark_lost is idempotent: already-fired leases are skipped there
-                del self._entries[id(entry.lease)]
-                continue
-            if kind == _DEADLINE:
-                # Not lost after all: renewed directly (Lock.renew) since this item was queued.
-                self._item(entry.lease.expires_at, _DEADLINE, entry)
-                continue
-            if entry.target in self._busy and entry.target not in batches:
-                # Its deadline item stays queued; the batch's completion re-queues the renewal (apply()).
-                self._parked.setdefault(entry.target, []).append(entry)
-                continue
-            entry.in_flight = True
-            entry.ticket = entry.lease.renewal_started(now, entry.requested_ttl)
-            self._push(entry)  # in flight: only its deadline is queued until the batch completes
-            batches.setdefault(entry.target, []).append(entry)
+            for entry, version in zip(*group, strict=True):
+                if not current(entry, version, kind):
+                    continue
+                lease = entry.lease
+                if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
+                    expired.append(entry)  # mark_lost is idempotent: already-fired leases are skipped there
+                    del self._entries[id(lease)]
+                    entry.live = False
+                    continue
+                if kind == _DEADLINE:
+                    # Not lost after all: renewed since this watch was queued. Watch the deadline it has now.
+                    entry.deadline_version += 1
+                    entry.deadline_at = _join(watch, _DEADLINE, lease.expires_at, entry, entry.deadline_version)
+                    continue
+                if entry.target in self._busy and entry.target not in batches:
+                    # Its deadline stays watched; the batch's completion re-queues the renewal (apply()).
+                    self._parked.setdefault(entry.target, []).append(entry)
+                    continue
+                # The renewal membership is spent; the deadline stays watched while the batch is in flight.
+                entry.in_flight = True
+                entry.ticket = lease.renewal_started(now, entry.requested_ttl)
+                batch = batches.get(entry.target)
+                if batch is None:
+                    batch = batches[entry.target] = []
+                batch.append(entry)
+        self._flush(watch)  # each later than now (the lease is not lost), so nothing is missed by queueing late
         self._busy.update(batches)
         return batches, expired
 
@@ -208,7 +298,7 @@ class RenewalBook:
         if self._incoming:
             self._admit()
         heap = self._heap
-        while heap and not self._live(heap[0][4], heap[0][2]):
+        while heap and not self._any_current(heap[0][2], heap[0][4]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
@@ -216,21 +306,29 @@ class RenewalBook:
         """Record a batch's outcome: extend, lose, or schedule a retry."""
         now = self.clock()
         failures: list[tuple[Entry, BaseException]] = []
+        renewed: dict[Any, int] = {}
+        queued: _Queue = {}
         targets = {entry.target for entry in batch}
         self._busy -= targets
         for target in targets:
             for parked in self._parked.pop(target, []):
-                if self._entries.get(id(parked.lease)) is parked:
-                    self._item(now, _RENEW, parked)
+                if parked.live:
+                    parked.renew_version += 1
+                    _join(queued, _RENEW, now, parked, parked.renew_version)
         for entry, result in zip(batch, results, strict=True):
             entry.in_flight = False
-            if self._entries.get(id(entry.lease)) is not entry:
+            if not entry.live:
                 _settle(entry, result)  # released while the batch was in flight: only the lease's note is left
                 continue
-            failure = self._apply_one(entry, result, now)
-            if failure is not None:
-                failures.append((entry, failure))
-            self._push(entry)
+            outcome = self._apply_one(entry, result, now)
+            if outcome is True:
+                renewed[entry.target] = renewed.get(entry.target, 0) + 1
+            elif outcome is not False:
+                failures.append((entry, outcome))
+            self._push(entry, queued)
+        self._flush(queued)
+        for target, count in renewed.items():
+            target.stats.count("renewals", count)  # once per batch: the counter's lock is not free
         if failures:
             first, error = failures[0]
             # One line per batch (a dead connection fails thousands of renewals at once), and at WARNING at most
@@ -250,26 +348,28 @@ class RenewalBook:
                 error,
             )
 
-    def _apply_one(self, entry: Entry, result: Grant | BaseException | None, now: float) -> BaseException | None:
+    def _apply_one(self, entry: Entry, result: Grant | BaseException | None, now: float) -> bool | BaseException:
+        """True: renewed (the caller counts it); False: over or lost (the lease reports it); else the error,
+        retried until the deadline."""
         lease = entry.lease
-        if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
-            return None
-        stats: BackendStats = entry.target.stats
-        ticket, entry.ticket = entry.ticket, None
         # Losses are counted by the lease's backend as it becomes LOST (Backend.track), not here.
         if isinstance(result, Grant):
+            # The common case without a state check of its own: extend refuses a lease that is released, lost
+            # or past its deadline, and such a lease is reported by its deadline watch (or was already).
+            ticket, entry.ticket = entry.ticket, None
             if lease.extend(result.sent_at, result.ttl, ticket):
-                stats.count("renewals")
                 entry.next_renew = renew_due(lease)
-            else:
-                lease.mark_lost("the renewal came back after the lease's deadline")
-            return None
+                return True
+            return False
+        if lease.state in (LeaseState.LOST, LeaseState.RELEASED):
+            return False
+        ticket, entry.ticket = entry.ticket, None
         if result is None:  # an answer, not a failure: the token is gone (a loss)
             if ticket is not None:
                 lease.renewal_refused(ticket)
             lease.mark_lost("the server no longer holds our token (expired, evicted or taken)")
-            return None
-        stats.count("renewal_failures")  # an error: retried until the deadline
+            return False
+        entry.target.stats.count("renewal_failures")  # an error: retried until the deadline
         if ticket is not None:
             lease.renewal_unknown(ticket)  # it may have landed: never trust more than it would have left
         entry.next_renew = now + min(MAX_RETRY_DELAY, lease.ttl * RETRY_FRACTION)
@@ -299,6 +399,25 @@ class RenewalBook:
         if self._incoming:
             self._admit()
         return list(self._entries.values())
+
+
+def _join(queued: _Queue, kind: int, at: float, entry: Entry, version: int) -> float:
+    """Queue ``entry`` (at ``version``) due at ``at``: in the open group of ``kind`` if that is due within
+    GROUP_FRACTION of the entry's TTL, else in a new one. Returns when the group is due (never after ``at``)."""
+    groups = queued.get(kind)
+    if groups is None:
+        groups = queued[kind] = []
+    if groups:
+        due, group = groups[-1]
+        if abs(at - due[0]) < entry.lease.ttl * GROUP_FRACTION:
+            # The group is due at its earliest member's time. A member's deadline_at, noted when it joined, may
+            # then be later than the group's: safe, it only ever makes _push watch a deadline again sooner.
+            due[0] = min(due[0], at)
+            group[0].append(entry)
+            group[1].append(version)
+            return due[0]
+    groups.append(([at], ([entry], [version])))
+    return at
 
 
 def _session_bound(target: Any) -> bool:
@@ -333,7 +452,7 @@ def _settle(entry: Entry, result: Grant | BaseException | None) -> None:
 
 
 def _requests(batch: Sequence[Entry]) -> list[RenewRequest]:
-    return [RenewRequest(e.lease.name, e.lease.token, e.requested_ttl) for e in batch]
+    return [e.renew_request() for e in batch]
 
 
 class RenewalScheduler:

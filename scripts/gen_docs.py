@@ -16,7 +16,9 @@ from lockkit.registry import load_factory
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "choosing.md"
 BEGIN, END = "<!-- guarantees:begin -->", "<!-- guarantees:end -->"
-SCHEMES = ["memory", "file", "redis", "redis+sentinel", "redlock", "zookeeper", "etcd"]
+SCHEMES = [
+    "memory", "file", "redis", "redis+sentinel", "redis+cluster", "redlock", "zookeeper", "etcd", "postgresql"
+]
 SCOPE = {
     "process": "one process",
     "host": "one host",

@@ -14,25 +14,31 @@ from pathlib import Path
 import pytest
 
 import lockkit
-from backends.servers import EtcdServer, RedisServer, RedlockServers, ZooKeeperServer
 from lockkit.lease import LeaseState
 
 TTL = 30.0  # long: a lock that close() did not release would make the next try_acquire fail
 
 
-@pytest.fixture(params=["memory", "file", "redis", "redlock", "zookeeper", "etcd"])
+@pytest.fixture(params=["memory", "file", "redis", "redlock", "sentinel", "cluster", "zookeeper", "etcd", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     kind = request.param
     if kind == "memory":
         return f"memory://close-{uuid.uuid4().hex[:8]}"
     if kind == "file":
         return (tmp_path / "locks").as_uri()
-    server: RedisServer | RedlockServers | ZooKeeperServer | EtcdServer = request.getfixturevalue(
-        {"redis": "redis_server", "redlock": "redlock_servers", "zookeeper": "zookeeper_server", "etcd": "etcd_server"}[
-            kind
-        ]
+    server = request.getfixturevalue(
+        {
+            "redis": "redis_server",
+            "redlock": "redlock_servers",
+            "sentinel": "sentinel_set",
+            "cluster": "redis_cluster",
+            "zookeeper": "zookeeper_server",
+            "etcd": "etcd_server",
+            "postgres": "postgres_server",
+        }[kind]
     )
-    return server.url
+    url: str = server.url
+    return url
 
 
 def _name() -> str:

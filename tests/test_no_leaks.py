@@ -10,7 +10,7 @@ import pytest
 
 import lockkit
 
-DRIVERS = ["memory", "file", "redis", "zookeeper", "etcd"]
+DRIVERS = ["memory", "file", "redis", "sentinel", "cluster", "zookeeper", "etcd", "postgres"]
 
 
 @pytest.fixture(params=DRIVERS)
@@ -19,7 +19,14 @@ def leak_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://leaks"
     if request.param == "file":
         return (tmp_path / "locks").as_uri()
-    fixture = {"redis": "redis_server", "zookeeper": "zookeeper_server", "etcd": "etcd_server"}[request.param]
+    fixture = {
+        "redis": "redis_server",
+        "sentinel": "sentinel_set",
+        "cluster": "redis_cluster",
+        "zookeeper": "zookeeper_server",
+        "etcd": "etcd_server",
+        "postgres": "postgres_server",
+    }[request.param]
     url: str = request.getfixturevalue(fixture).url
     return url
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 SECONDS = float(os.environ.get("LOCKKIT_SOAK_SECONDS", "20"))
-DRIVERS = ["file", "redis", "redlock", "zookeeper", "etcd"]
+DRIVERS = ["file", "redis", "redlock", "cluster", "zookeeper", "etcd", "postgres"]
 
 
 @pytest.fixture(params=DRIVERS)
@@ -24,9 +24,15 @@ def soak_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "file":
         return (tmp_path / "locks").as_uri()
     server = request.getfixturevalue(
-        {"redis": "redis_server", "redlock": "redlock_servers", "zookeeper": "zookeeper_server", "etcd": "etcd_server"}[
-            request.param
-        ]
+        {
+            "redis": "redis_server",
+            "redlock": "redlock_servers",
+            "sentinel": "sentinel_set",
+            "cluster": "redis_cluster",
+            "zookeeper": "zookeeper_server",
+            "etcd": "etcd_server",
+            "postgres": "postgres_server",
+        }[request.param]
     )
     url: str = server.url
     if request.param == "zookeeper":

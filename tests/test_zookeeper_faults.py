@@ -294,9 +294,10 @@ def test_c7_lost_create_reply_leaves_one_node_and_no_orphan(
 ) -> None:
     url, proxy = proxied(3)
     with lockkit.connect(f"{zookeeper_server.url}{chroot}") as other, lockkit.connect(url) as locks:
+        with locks.lock("c7", ttl=5):  # this session has seen the parent: it sends a plain create (the fresh
+            pass  # name's multi whose reply is lost: test_c7_lost_multi_reply_on_a_fresh_name_leaves_no_orphan)
         holder = other.lock("c7", ttl=5)
         holder.acquire()
-        locks.check()  # connect before the fault
         proxy.set_mode("drop_downstream")
         outcome: list[object] = []
 
@@ -323,6 +324,78 @@ def test_c7_lost_create_reply_leaves_one_node_and_no_orphan(
         started = time.monotonic()
         locks.lock("c7", ttl=5).acquire(timeout=5)
         assert time.monotonic() - started < 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # as above
+def test_c7_lost_multi_reply_on_a_fresh_name_leaves_no_orphan(
+    proxied: Callable[[float], tuple[str, FaultProxy]], chroot: str, zk_raw: KazooClient
+) -> None:
+    """A fresh name's multi (parent and node together) is applied but its reply lost: no second node, no orphan."""
+    url, proxy = proxied(3)
+    with lockkit.connect(url) as locks:
+        locks.check()  # connect before the fault
+        lock = locks.lock("c7f", ttl=5)
+        proxy.set_mode("drop_downstream")
+        outcome: list[object] = []
+
+        def attempt() -> None:
+            try:
+                outcome.append(lock.acquire(timeout=2.5))
+            except lockkit.LockError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        assert wait_until(lambda: len(children(zk_raw, chroot, "c7f")) == 1, 5), "the multi never reached the server"
+        time.sleep(0.3)
+        proxy.set_mode("pass")
+        most = 0
+        while thread.is_alive():
+            most = max(most, len(children(zk_raw, chroot, "c7f")))
+            time.sleep(0.02)
+        thread.join()
+        assert most <= 1, "the client made a second contender node instead of finding its own"
+        assert outcome, "the acquire neither returned nor raised"
+        if isinstance(outcome[0], lockkit.Lease):  # found its node again (or queued anew once the old was gone)
+            [child] = children(zk_raw, chroot, "c7f")
+            node = zk_raw.exists(f"{chroot}/lockkit/c7f/{child}")
+            assert node is not None and outcome[0].fencing_token == node.czxid
+            assert locks.holder("c7f").held
+            lock.release()
+        else:
+            assert wait_until(lambda: children(zk_raw, chroot, "c7f") == [], 3 + SLACK), "an orphan contender remained"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # as above
+def test_try_acquire_on_a_fresh_name_sends_its_multi_without_waiting_for_the_list(
+    proxied: Callable[[float], tuple[str, FaultProxy]], chroot: str, zk_raw: KazooClient
+) -> None:
+    """try_acquire() pipelines the multi (parent + node) behind its look at the children: one round trip.
+
+    With every reply dropped, the node still appears on the server, which it could not if the multi waited
+    for the list's reply; the call then fails as unreachable, and no node is left behind.
+    """
+    url, proxy = proxied(3)
+    with lockkit.connect(url) as locks:
+        locks.check()  # connect before the fault
+        lock = locks.lock("fresh-try", ttl=5)
+        proxy.set_mode("drop_downstream")
+        outcome: list[object] = []
+
+        def attempt() -> None:
+            try:
+                outcome.append(lock.try_acquire())
+            except lockkit.LockError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        appeared = wait_until(lambda: len(children(zk_raw, chroot, "fresh-try")) == 1, 5)
+        thread.join(10)
+        proxy.set_mode("pass")
+        assert appeared, "the multi was not sent until the list's reply came"
+        assert outcome and isinstance(outcome[0], lockkit.BackendUnavailable), outcome
+        assert wait_until(lambda: children(zk_raw, chroot, "fresh-try") == [], 3 + SLACK), "an orphan remained"
 
 
 def test_c10_server_sigstop(fresh_zookeeper: ZooKeeperFactory) -> None:

@@ -9,11 +9,16 @@ For each backend (a ``--url``, or every configured backend):
 * **renewal** — K locks held with auto-renewal for a few seconds in one process: whether every lock is still
   held at the end, the CPU time the renewals cost, and the threads lockkit used.
 
+``--growth`` measures how these costs grow instead (:mod:`lockkit.cli.growth`): handoffs and waits against the
+number of contending processes, renewal CPU and memory per lock against the number held; ``--plot`` then
+draws the two curves.
+
 Benchmarks against the raw server commands and other libraries live in the repository's ``benchmarks/``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -199,3 +204,73 @@ def plot(results: list[BenchResult], path: str) -> None:
     right.set_title("contention (processes on one name)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+# --- lockkit bench --growth -----------------------------------------------------------------------------------
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` → ``(1, 2, 4)``: positive integers, comma-separated (an argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers such as 1,2,4, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every number must be at least 1, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    values = int_list(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one whole number, got {text!r}")
+    return values[0]
+
+
+def add_growth_arguments(parser: argparse.ArgumentParser) -> None:
+    from .growth import PROCESSES, SIZES
+
+    group = parser.add_argument_group("growth curves (--growth)")
+    group.add_argument(
+        "--growth", action="store_true", help="measure how cost grows with processes and with locks held instead"
+    )
+    group.add_argument(
+        "--growth-processes", type=int_list, default=PROCESSES, metavar="N,N,…", help="default 1,2,4,8,16"
+    )
+    group.add_argument(
+        "--growth-locks", type=int_list, default=SIZES, metavar="N,N,…", help="default 10,100,1000,10000,100000"
+    )
+    group.add_argument("--growth-runs", type=positive_int, default=3, help="runs per contention point, median (3)")
+    group.add_argument(
+        "--growth-hold", type=float, default=4.0, metavar="SECONDS", help="how long each renewal point is held (4)"
+    )
+    group.add_argument(
+        "--growth-max-acquire",
+        type=float,
+        metavar="SECONDS",
+        default=30.0,
+        help="skip a lock count whose acquisition would take longer than this (30)",
+    )
+
+
+def growth_command(config: dict[str, Any], args: argparse.Namespace) -> int:
+    """``lockkit bench --growth``: both curves for each backend; exit 1 if a lock was lost while renewed."""
+    from . import growth
+
+    results = growth.measure(
+        config,
+        procs=args.growth_processes,
+        sizes=args.growth_locks,
+        seconds=args.seconds,
+        runs=args.growth_runs,
+        hold=args.growth_hold,
+        max_acquire_s=args.growth_max_acquire,
+        rounds=args.rounds,
+    )
+    print(growth.to_json(results) if args.json else growth.growth_table(results))
+    if args.plot:
+        for path in growth.plot_growth(results, args.plot):
+            print(f"plot written to {path}", file=sys.stderr)
+    return 1 if any(not p.all_held for r in results for p in r.renewal) else 0

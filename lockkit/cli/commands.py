@@ -340,6 +340,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             "backends": {n: {"url": s.url, **s.options} for n, s in settings.backends.items() if not s.migrate},
             "default": next(n for n, s in settings.backends.items() if not s.migrate),
         }
+    if args.growth:
+        return bench.growth_command(config, args)
     results = bench.run(
         config,
         rounds=args.rounds,
@@ -463,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--renew-seconds", type=float, default=5.0, help="renewal run length (default 5)")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.add_argument("--plot", metavar="FILE.png", help="draw latency and handoffs (needs lockkit[plot])")
+    from .bench import add_growth_arguments
+
+    add_growth_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
     demo = sub.add_parser("demo", help="show lost updates without a lock, and none with lockkit")

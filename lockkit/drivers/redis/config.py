@@ -119,6 +119,8 @@ class NodeSpec:
     options: _Common
     require_master: bool = False
     """Check ROLE in the hello, alone before anything else is sent (Sentinel: never write to a replica)."""
+    cluster: bool = False
+    """A node of a Redis Cluster (redis+cluster://); other schemes refuse a server in cluster mode."""
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The TLS settings of this server's connections, or None without TLS."""
@@ -232,6 +234,8 @@ class NodeState:
     refused: ConfigError | None = None
     """Set once ``strict`` refused the server: every later operation fails without I/O."""
     require_master: bool = False
+    cluster: bool = False
+    """Expect a server in cluster mode (redis+cluster://); without it, one is refused with a ConfigError."""
 
 
 class NotMaster(RedisConnectionError):
@@ -270,6 +274,12 @@ def apply_hello(state: NodeState, replies: Sequence[Any]) -> None:
             raise NotMaster(f"redis {state.label} is not a master (ROLE says {shown}); asking the sentinels again")
     if isinstance(info, bytes):
         for line in info.split(b"\r\n"):
+            if line.startswith(b"redis_mode:cluster") and not state.cluster:
+                state.refused = ConfigError(
+                    f"redis {state.label} is a node of a Redis Cluster (redis_mode:cluster): use "
+                    "redis+cluster://host:port,… (lock keys live on the master of their slot)"
+                )
+                raise state.refused
             if line.startswith(b"run_id:"):
                 run_id = line[7:].decode()
                 if state.run_id is not None and run_id != state.run_id:

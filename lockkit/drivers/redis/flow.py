@@ -54,7 +54,17 @@ from ...timing import Clock
 from .calls import Call
 from .keys import LockKeys
 from .quorum import NodeResult, quorum, tally_acquire
-from .scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_FORCE_RELEASE, FAIR_RELEASE, LEAVE, RELEASE
+from .scripts import (
+    ACQUIRE,
+    FAIR_ACQUIRE,
+    FAIR_FORCE_RELEASE,
+    FAIR_RELEASE,
+    LEAVE,
+    RELEASE,
+    SHARDED_FAIR_FORCE_RELEASE,
+    SHARDED_FAIR_RELEASE,
+    SHARDED_LEAVE,
+)
 
 __all__ = [
     "WAITER_ID", "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call", "redlock_acquire_flow",
@@ -140,12 +150,14 @@ def waiter_id(client_id: str, ttl: float, token: str) -> str:
 def release_call(keys: LockKeys, token: str | None) -> Call:
     """The single-node release: grant the lock to the first live waiter, else delete it and wake everyone."""
     script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
+    if keys.sharded:
+        script = SHARDED_FAIR_RELEASE if token is not None else SHARDED_FAIR_FORCE_RELEASE
     return Call(script, keys.script_keys(), (token or "", keys.channel, keys.clients))
 
 
 def leave_call(keys: LockKeys, token: str, wid: str) -> Call:
     """Leave the queue, and pass the lock on if a release granted it to this waiter after all."""
-    return Call(LEAVE, keys.script_keys(), (token, keys.channel, keys.clients, wid))
+    return Call(SHARDED_LEAVE if keys.sharded else LEAVE, keys.script_keys(), (token, keys.channel, keys.clients, wid))
 
 
 def acquire_flow(
@@ -159,11 +171,14 @@ def acquire_flow(
     listening: bool,
     min_replicas: int = 0,
     replica_timeout: float = 0.1,
+    confirm_grants: bool = False,
 ) -> Flow[Grant | None]:
     """``listening``: this client's own channel is subscribed already. A waiter joins the queue only once it is:
     a release grants the lock only to a waiter whose client listens and skips the others as crashed, so
     queueing before the subscription is confirmed would let a live waiter be skipped. Without it, the first
     attempt does not queue, and the :class:`Watch` after it confirms the subscription before the next one does.
+    ``confirm_grants``: a grant by a release's message is confirmed by one more attempt (redis+cluster://, whose
+    fencing tokens need the epoch the granting server reports with the attempt's reply).
     """
     will_wait = deadline is None or deadline > clock()  # only a waiter that will wait joins the queue
 
@@ -207,7 +222,7 @@ def acquire_flow(
         wait = recheck_after(int(value), ttl)
         outcome = yield Wait(wait if left is None else min(wait, left))
         if isinstance(outcome, int):  # a release granted us the lock, with this fencing token
-            if not min_replicas and clock() - first_sent < ttl * GRANT_FRESH:
+            if not min_replicas and not confirm_grants and clock() - first_sent < ttl * GRANT_FRESH:
                 return Grant(outcome, ttl, first_sent)
             continue  # confirm: the next attempt finds our token, extends it (and WAITs for the replicas)
         if outcome == "cancelled":

@@ -46,11 +46,19 @@ LINGER = 2.0
 _PING = pack([("PING",)])
 Wake = Callable[[bytes], None]
 Snapshot = tuple[int, int] | None
+Lost = Callable[[bytes, set[Wake], "tuple[str, int] | None"], None]
+"""Sharded hubs (redis+cluster://): told of a channel this server no longer serves, its waiters (no longer
+registered here), and where a ``MOVED`` reply said it went (None: not said)."""
 
 
 class Hub:
-    def __init__(self, spec: NodeSpec) -> None:
+    def __init__(self, spec: NodeSpec, lost: Lost | None = None) -> None:
+        """``lost``: make this a hub of shard channels (SSUBSCRIBE, Redis 7), which hands the channels whose slot
+        moved away (a ``MOVED`` reply, an unasked ``sunsubscribe``) or whose connection failed to ``lost``."""
         self._spec = spec
+        self._on_lost = lost
+        self._sub, self._unsub = (b"SSUBSCRIBE", b"SUNSUBSCRIBE") if lost else (b"SUBSCRIBE", b"UNSUBSCRIBE")
+        self._kinds = (b"smessage", b"ssubscribe") if lost else (b"message", b"subscribe")
         self._fresh()
 
     def _fresh(self) -> None:
@@ -132,7 +140,7 @@ class Hub:
         elif self._conn is not None and channel not in self._sent:
             self._sent.add(channel)
             with contextlib.suppress(RedisError, OSError):  # the reader sees the failure and resubscribes
-                await self._conn.send(pack([("SUBSCRIBE", channel)]))
+                await self._conn.send(pack([(self._sub, channel)]))
         options = self._spec.options
         with contextlib.suppress(asyncio.TimeoutError):  # unconfirmed: the expiry re-check still comes
             await asyncio.wait_for(asyncio.shield(future), options.timeout + options.connect_timeout)
@@ -160,7 +168,7 @@ class Hub:
         if channel in self._sent:
             self._sent.discard(channel)
             if self._conn is not None:
-                self._chore(self._conn.send(pack([("UNSUBSCRIBE", channel)])))
+                self._chore(self._conn.send(pack([(self._unsub, channel)])))
 
     def _chore(self, coro: Coroutine[Any, Any, Any]) -> None:
         async def quietly() -> None:
@@ -175,12 +183,14 @@ class Hub:
         if not isinstance(reply, list) or len(reply) < 2:
             return
         kind, channel = reply[0], reply[1]
-        if kind == b"message":
+        if kind == b"sunsubscribe" and channel in self._sent:  # not asked for: its slot moved to another node
+            self._hand_over([channel], None)
+        elif kind == self._kinds[0]:
             self._heard[channel] = self._heard.get(channel, 0) + 1
             data = reply[2] if len(reply) > 2 and isinstance(reply[2], bytes) else b""
             for wake in list(self._waiters.get(channel, ())):
                 wake(data)
-        elif kind == b"subscribe" and channel in self._sent:
+        elif kind == self._kinds[1] and channel in self._sent:
             self._active.add(channel)
             future = self._confirm.pop(channel, None)
             if future is not None and not future.done():
@@ -236,16 +246,18 @@ class Hub:
                 # new subscription is confirmed (the first connection's waiters have their own confirmation).
                 self._rewake = set(self._sent) if woken else set()
                 woken = False
-                if self._sent:
-                    await conn.send(pack([("SUBSCRIBE", *self._sent)]))
+                if self._sent and self._on_lost is None:
+                    await conn.send(pack([(self._sub, *self._sent)]))
+                elif self._sent:  # shard channels: one command each (one command's channels must share a slot)
+                    await conn.send(pack([(self._sub, channel) for channel in self._sent]))
                 backoff = 0.05
                 self._last_traffic = loop.time()
                 if self._spec.options.health_check_interval > 0:
                     checker = loop.create_task(self._health_check(conn))
                 while True:
                     reply = await conn.next_reply(math.inf)
-                    if isinstance(reply, RedisError):  # a refused SUBSCRIBE (an ACL): drop it, and so try again later
-                        raise reply
+                    if isinstance(reply, RedisError) and not self._redirected(reply):
+                        raise reply  # a refused SUBSCRIBE (an ACL): drop it, and so try again later
                     self._last_traffic = loop.time()
                     self._dispatch(reply)
             except (RedisError, OSError) as exc:
@@ -264,12 +276,50 @@ class Hub:
                 if not future.done():
                     future.set_result(None)
             self._confirm.clear()
+            if self._on_lost is not None and not self._closed:
+                # A shard's server that fails is most often gone for good (a failover promotes a replica): hand
+                # every channel back, to be placed again on whichever server the slot map names by then.
+                self._hand_over(list(self._waiters), None)
+                continue
             for waiters in list(self._waiters.values()):
                 for wake in list(waiters):
                     wake(b"")  # a release may have been missed while the connection was down
             woken = True
             await asyncio.sleep(backoff)
             backoff = min(1.0, backoff * 2)
+
+    def _redirected(self, reply: RedisError) -> bool:
+        """Sharded: a ``MOVED``/``ASK`` reply to an SSUBSCRIBE, whose channels go to ``lost`` (True); else False."""
+        words = str(reply).split()
+        if self._on_lost is None or len(words) != 3 or words[0] not in ("MOVED", "ASK") or not words[1].isdigit():
+            return False
+        from redis.crc import key_slot
+
+        host, _, port = words[2].rpartition(":")
+        where = (host, int(port)) if words[0] == "MOVED" and port.isdigit() else None  # ASK: the move is not done
+        slot = int(words[1])
+        self._hand_over([c for c in self._sent if c not in self._active and key_slot(c) == slot], where)
+        return True
+
+    def _hand_over(self, channels: list[bytes], where: tuple[str, int] | None) -> None:
+        """Sharded: stop serving ``channels`` here and give their waiters to ``lost``."""
+        assert self._on_lost is not None
+        for channel in channels:
+            self._sent.discard(channel)
+            self._active.discard(channel)
+            self._heard.pop(channel, None)
+            self._generation += 1
+            handle = self._linger.pop(channel, None)
+            if handle is not None:
+                handle.cancel()
+            future = self._confirm.pop(channel, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+            self._on_lost(channel, self._waiters.pop(channel, set()), where)
+
+    def serves(self, channel: bytes) -> bool:
+        """Whether ``channel`` has waiters here (sharded: it was not handed over)."""
+        return channel in self._waiters
 
     async def close(self) -> None:
         self._closed = True

@@ -9,6 +9,8 @@ With the default prefix ``lockkit:`` the lock named ``N`` uses::
     lockkit:{E}:alive   redis:// only: waiter id → alive-until in server ms (a sorted set)
     lockkit:client:C    redis:// only: the pub/sub channel of client C, on which a release tells one of
                         C's waiters that it was granted the lock (waiter ids are "C.<ttl ms>.<token>")
+    lockkit:{E}:client:C  redis+cluster:// instead: C's channel for this lock, in its slot (a script may
+                        SPUBLISH only there); see :func:`cluster_lock_keys`
 
 and the presence group ``G`` (see :mod:`.presence`) uses::
 
@@ -34,7 +36,9 @@ from dataclasses import dataclass
 
 from ...errors import ConfigError
 
-__all__ = ["DEFAULT_PREFIX", "LockKeys", "check_prefix", "client_channel", "lock_keys", "presence_keys"]
+__all__ = [
+    "DEFAULT_PREFIX", "LockKeys", "check_prefix", "client_channel", "cluster_lock_keys", "lock_keys", "presence_keys",
+]  # fmt: skip
 
 DEFAULT_PREFIX = "lockkit:"
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
@@ -49,6 +53,9 @@ class LockKeys:
     alive: bytes
     clients: bytes
     """The prefix of the clients' own wake-up channels (``<prefix>client:<client id>``; a channel, not a key)."""
+    sharded: bool = False
+    """redis+cluster://: the channels are shard channels (SPUBLISH) in the lock's slot, the clients' channels
+    per lock (``<prefix>{E}:client:<client id>``); see :func:`cluster_lock_keys`."""
 
     def script_keys(self, count: int = 4) -> tuple[bytes, ...]:
         """The ``KEYS`` of this lock's scripts, in the order every one of them takes: lock, fence, queue, alive;
@@ -67,6 +74,14 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
     base = f"{prefix}{{{name.translate(_ESCAPES)}}}".encode()
     clients = f"{prefix}client:".encode()
     return LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive", clients)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def cluster_lock_keys(prefix: str, name: str) -> LockKeys:
+    """The keys of ``name`` on a Redis Cluster: those of :func:`lock_keys`, with the clients' channels moved into
+    the lock's slot (``<prefix>{E}:client:<client id>``), since a script may SPUBLISH only there."""
+    keys = lock_keys(prefix, name)
+    return LockKeys(keys.lock, keys.fence, keys.channel, keys.queue, keys.alive, keys.lock + b":client:", True)
 
 
 def client_channel(prefix: str, client_id: str) -> bytes:

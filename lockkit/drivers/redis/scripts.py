@@ -375,3 +375,21 @@ ALL = (
     ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, HOLDER, FAIR_ACQUIRE, FAIR_RELEASE, FAIR_FORCE_RELEASE, LEAVE,
     FAIR_HOLDER, ANNOUNCE, WITHDRAW, MEMBERS,
 )  # fmt: skip
+
+
+# -- redis+cluster:// (sharded pub/sub) ------------------------------------------------------------------------
+# The same scripts with SPUBLISH for PUBLISH: in a cluster a script may only publish on a shard channel of its
+# own slot, and the cluster driver's channels (the lock's, and the clients' per-lock channels
+# ``<prefix>{E}:client:<id>``) all carry the lock's hash tag. Not in ALL: a node loads them on first use
+# (NOSCRIPT), so redis:// servers never see them.
+
+
+def _sharded(script: Script) -> Script:
+    source = script.source.replace("redis.call('publish',", "redis.call('spublish',")
+    assert source != script.source, script.name
+    return Script(script.name + "_sharded", source)
+
+
+SHARDED_FAIR_RELEASE = _sharded(FAIR_RELEASE)
+SHARDED_FAIR_FORCE_RELEASE = _sharded(FAIR_FORCE_RELEASE)
+SHARDED_LEAVE = _sharded(LEAVE)

@@ -5,6 +5,8 @@
   connection's ``_invoke``, the one call that performs the handshake;
 * container nodes (``createContainer``, opcode 19), which kazoo's ``create()``
   cannot make: sent through kazoo's request queue;
+* a lock name's parent and first contender made in one ``multi`` (:func:`found_async`), whose reply kazoo's
+  ``Transaction`` cannot read (it knows no ``create2`` result);
 * a barrier behind kazoo's watch callbacks (see :func:`barrier`);
 * what each connect attempt met (refused, or a host name that does not resolve), which kazoo only logs;
 * kazoo's log, routed under lockkit's and quieted (see :class:`KazooLog`).
@@ -19,7 +21,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
-from kazoo.protocol.serialization import Auth, Connect, Create2
+from kazoo.exceptions import EXCEPTIONS, RolledBackError, RuntimeInconsistency
+from kazoo.protocol.serialization import (
+    Auth,
+    Connect,
+    Create2,
+    MultiHeader,
+    ZnodeStat,
+    int_struct,
+    multiheader_struct,
+    read_string,
+    stat_struct,
+)
 from kazoo.protocol.states import Callback
 
 from ...errors import ConfigError
@@ -27,6 +40,10 @@ from .nodes import Transient, ZooKeeperOptions
 
 CONTAINER_FLAG = 4
 """``CreateMode.CONTAINER``: the server deletes the node once its last child is gone (ZooKeeper ≥ 3.5.3)."""
+EPHEMERAL_SEQUENTIAL_FLAG = 3
+"""``CreateMode.EPHEMERAL_SEQUENTIAL``."""
+CREATE, CREATE2, CREATE_CONTAINER, MULTI_ERROR = 1, 15, 19, -1
+"""Opcodes of a ``multi``'s operations and of its results (an error result's type is -1)."""
 
 
 KAZOO_LOGGER = "lockkit.kazoo"
@@ -153,6 +170,80 @@ def _watch_connects(kz: KazooClient, on_attempt: Attempt) -> None:
         return sock
 
     handler.create_connection = create_connection
+
+
+class Multi:
+    """ZooKeeper's ``multi`` (opcode 14): operations applied atomically, as one transaction with one zxid.
+
+    Unlike kazoo's ``Transaction``, its reply reader knows every create result: ``create2`` and
+    ``createContainer`` answer with a path and a stat (ZooKeeper 3.8 answers a ``create2`` inside a multi with
+    a bare path, typed ``create``). A failed multi is no error reply: each operation's result is an exception
+    (the failing one's own, ``RolledBackError`` or ``RuntimeInconsistency`` for the others), as in kazoo.
+    """
+
+    type = 14
+
+    def __init__(self, operations: list[tuple[int, Any]]) -> None:
+        self.operations = operations
+
+    def serialize(self) -> bytearray:
+        out = bytearray()
+        for opcode, request in self.operations:
+            out.extend(MultiHeader(opcode, False, -1).serialize() + request.serialize())
+        out.extend(multiheader_struct.pack(-1, True, -1))
+        return out
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list[Any]:
+        results: list[Any] = []
+        header, offset = MultiHeader.deserialize(data, offset)
+        while not header.done:
+            if header.type in (CREATE2, CREATE_CONTAINER):
+                path, offset = read_string(data, offset)
+                results.append((path, ZnodeStat._make(stat_struct.unpack_from(data, offset))))
+                offset += stat_struct.size
+            elif header.type == CREATE:
+                path, offset = read_string(data, offset)
+                results.append((path, None))
+            elif header.type == MULTI_ERROR:
+                code = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                results.append(EXCEPTIONS[code]())
+            else:  # lockkit sends creates only; anything else means the framing is not what we think
+                raise ValueError(f"unexpected result type {header.type} in a ZooKeeper multi reply")
+            header, offset = MultiHeader.deserialize(data, offset)
+        return results
+
+
+def found_async(kz: KazooClient, parent: str, stem: str, data: bytes, acl: Any) -> Any:
+    """Create ``parent`` (a container) and our first contender ``parent/stem<seq>`` under it in one ``multi``.
+
+    Either both are created or neither: a parent that exists already fails the whole multi with
+    ``NodeExistsError`` and creates nothing. When it succeeds, this call made the parent, so our node is its
+    only child, which holds the lock: no ``getChildren`` is needed. :func:`founded` reads the reply.
+    """
+    result = kz.handler.async_result()
+    operations = [
+        (CREATE_CONTAINER, Create2(parent, b"", acl, CONTAINER_FLAG)),
+        (CREATE2, Create2(f"{parent}/{stem}", data, acl, EPHEMERAL_SEQUENTIAL_FLAG)),
+    ]
+    kz._call(Multi(operations), result)
+    return result
+
+
+def founded(results: list[Any]) -> tuple[str, int]:
+    """The name and czxid of the contender :func:`found_async` made; raises the multi's failure.
+
+    A multi is one transaction with one zxid, so our node's czxid is the parent's (the one create result
+    that carries a stat on ZooKeeper 3.8).
+    """
+    failures = [r for r in results if isinstance(r, Exception)]
+    if failures:
+        real = [r for r in failures if not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+        raise (real or failures)[0]
+    (_parent, parent_stat), (path, child_stat) = results
+    stat = child_stat if child_stat is not None else parent_stat
+    return str(path).rpartition("/")[2], int(stat.czxid)
 
 
 def create_parent_async(kz: KazooClient, parent: str, acl: Any, container: bool) -> Any:

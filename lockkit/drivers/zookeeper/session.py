@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,8 @@ does not resolve) before a waiting call raises, capped by connect_timeout: a ser
 long, yet a wrong port or host fails in about 2 s rather than connect_timeout. Once a session has existed,
 a refused reconnect waits as any outage does (a restarting server refuses for a while, and the session, with
 its locks, may survive it)."""
+KNOWN_PARENTS = 4096
+"""How many lock names' parents a session remembers having seen (:meth:`Session.parent_known`): a hint only."""
 REFUSED_POLL = 0.1
 """How often a call waiting for the first connection looks whether no server is there (kazoo's thread learns it)."""
 
@@ -78,6 +81,7 @@ class Session:
         self._ready: KazooClient | None = None
         self.leases = Leases(self, events, clock)
         self._orphans: list[Orphan] = []  # nodes we gave up on: deleted once connected
+        self._parents: OrderedDict[str, None] = OrderedDict()  # parents seen lately, most recent last
         self._wakers: dict[int, Callable[[], None]] = {}
         self._ids = itertools.count()
         self._negotiated: float | None = None
@@ -259,6 +263,32 @@ class Session:
                 self.containers = False
             except NoNodeError:
                 self.call(kz.ensure_path_async(base, self.acl), f"create {base}", end=end)
+
+    # -- which parents exist, as far as we saw: a hint that picks the request pattern, never trusted for safety --
+
+    def parent_known(self, parent: str) -> bool:
+        """Whether we lately saw ``parent`` exist (made a node under it), so an acquire expects it.
+
+        Only chooses what an acquire sends first: a plain create (the parent is expected), or also the
+        multi that makes parent and node together (:func:`.client.found_async`). Either way the server's
+        answer decides; a wrong guess costs one round trip, or one multi that fails and creates nothing.
+        """
+        with self._mutex:
+            if parent not in self._parents:
+                return False
+            self._parents.move_to_end(parent)
+            return True
+
+    def parent_seen(self, parent: str) -> None:
+        with self._mutex:
+            self._parents[parent] = None
+            self._parents.move_to_end(parent)
+            while len(self._parents) > KNOWN_PARENTS:
+                self._parents.popitem(last=False)
+
+    def parent_gone(self, parent: str) -> None:
+        with self._mutex:
+            self._parents.pop(parent, None)
 
     def tidy_parent(self, parent: str) -> None:
         """Without container support, try to delete a parent after use (refused while it has children)."""

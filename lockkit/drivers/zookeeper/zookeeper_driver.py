@@ -18,7 +18,11 @@ Contenders are *ephemeral sequential*: they die with the session that made
 them; their data is the lease token's :func:`~lockkit.lease.token_hint`.
 
 Acquire sends ``create`` and ``get_children`` back to back (ZooKeeper answers
-one session's requests in order, so this costs one round trip). The lowest
+one session's requests in order, so this costs one round trip). On a name whose
+parent the session has not seen lately (a fresh name), it first sends one
+``multi`` that makes the parent and our node together: when it succeeds our node
+is the parent's only child and holds the lock (one request); when the parent
+exists it fails as a whole, creating nothing, and the create follows. The lowest
 sequence holds the lock; every other contender sets an exists-watch on its
 *predecessor* only, so a release wakes exactly one waiter, in FIFO order. The
 uuid prefix lets a create whose reply was lost find its node after a
@@ -68,19 +72,22 @@ Guarantees and deviations:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.protocol.states import EventType, WatchedEvent
 
 from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...urls import BackendURL, parse_options
 from . import nodes
+from .client import found_async, founded
 from .nodes import HELD, LOST, UNCERTAIN, Held, Layout, Transient, ZooKeeperOptions
 from .presence import ZooKeeperPresence
 from .session import Session
@@ -109,6 +116,12 @@ class _Contender:
     session_id: int | None = None
     pending: bool = False
     """A create was sent and its reply never seen: the node may exist (found by ``prefix``)."""
+    founded_at: float | None = None
+    """When :meth:`ZooKeeperDriver._busy` sent the multi that made the parent with our node (its only child)."""
+    relisted: tuple[int, float, Any] | None = None
+    """The list our predecessor's deletion sent at once (session id, send time, kazoo async result)."""
+    done: bool = False
+    """The acquire returned: a watch that fires later sends nothing."""
 
 
 class ZooKeeperDriver(ZooKeeperPresence):
@@ -159,7 +172,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
         granted = unreachable = False
         try:
-            if deadline is not None and self._clock() >= deadline and self._busy(c.parent, end):
+            if deadline is not None and self._clock() >= deadline and self._busy(c, end):
                 return None  # one attempt and the lock is taken: no need to queue a node
             while True:
                 wake.clear()  # before the check: a cancel from now on sets it again, so no wait can miss it
@@ -168,8 +181,12 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 checked_at = self._clock()
                 try:
                     sid = s.wait_connected(end)
-                    sent_at = self._clock()
-                    order = nodes.contenders(self._enqueue(c, sid, end))
+                    sent_at = self._clock() if c.founded_at is None else c.founded_at
+                    relisted, c.relisted = c.relisted, None
+                    early = None
+                    if relisted is not None and relisted[0] == sid:
+                        sent_at, early = min(sent_at, relisted[1]), relisted[2]
+                    order = nodes.contenders(self._enqueue(c, sid, end, early))
                     if c.child not in order:
                         c.child = None  # our node was deleted (administrator, recreated parent): queue again
                         continue
@@ -180,7 +197,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                         self._note_ttl(ttl)
                         return Grant(c.czxid, s.timeout, sent_at)
                     predecessor = f"{c.parent}/{order[place - 1]}"
-                    watched = s.client().exists_async(predecessor, watch=lambda _event: wake.set())
+                    watched = s.client().exists_async(predecessor, watch=self._on_predecessor(c, sid, wake))
                     if s.call(watched, f"watch {predecessor}", end=end) is None:
                         continue  # it left between our two reads
                 except Transient as exc:
@@ -204,6 +221,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
             unreachable = True
             raise
         finally:
+            c.done = True
             unhook()
             if uncancel is not None:
                 uncancel()
@@ -219,13 +237,40 @@ class ZooKeeperDriver(ZooKeeperPresence):
                     background=unreachable,
                 )
 
-    def _enqueue(self, c: _Contender, sid: int, end: float | None) -> list[str]:
-        """Make sure our node exists in this session; return the parent's children (read after it)."""
+    def _on_predecessor(self, c: _Contender, sid: int, wake: threading.Event) -> Callable[[WatchedEvent], None]:
+        """The watch on our predecessor: on its deletion, send our next list at once, then wake the acquire.
+
+        It runs on kazoo's callback thread (it must not block; sending is not blocking). Sending from here
+        takes the acquiring thread's wake-up off the hand-off's critical path: the list is on its way while
+        that thread is scheduled. The acquire uses it only in the same session, and counts the lease from
+        its send time.
+        """
+        kz = self._session.client()
+
+        def watch(event: WatchedEvent) -> None:
+            # (not again if a second watch on the same node fires: after a blip the loop may have set two)
+            if event.type == EventType.DELETED and not c.done and c.relisted is None:
+                with contextlib.suppress(Exception):  # a closed client: the acquire's own list reports it
+                    c.relisted = (sid, self._clock(), kz.get_children_async(c.parent))
+            wake.set()
+
+        return watch
+
+    def _enqueue(self, c: _Contender, sid: int, end: float | None, early: Any = None) -> list[str]:
+        """Make sure our node exists in this session; return the parent's children (read after it).
+
+        ``early``: a list of the parent already sent in this session (see :meth:`_on_predecessor`).
+        """
         s = self._session
         kz = s.client()
+        if c.founded_at is not None:
+            c.founded_at = None
+            if c.session_id == sid and c.child is not None:
+                return [c.child]  # _busy's multi made the parent with our node in it: its only child
         if c.session_id == sid and c.child is not None:
+            listing = early if early is not None else kz.get_children_async(c.parent)
             try:
-                return list(s.call(kz.get_children_async(c.parent), f"list {c.parent}", (NoNodeError,), end))
+                return list(s.call(listing, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         if c.session_id == sid and c.pending:
@@ -243,6 +288,20 @@ class ZooKeeperDriver(ZooKeeperPresence):
             s.abandon(c.parent, c.prefix, None, c.session_id)  # a node of a session we no longer have (kazoo#732)
         for _ in range(PARENT_RETRIES):
             c.session_id, c.pending, c.child = sid, True, None
+            if s.containers and not s.parent_known(c.parent):
+                # A parent we have not seen lately: most likely a fresh name (a lock per order id). One multi
+                # makes the parent and our node, and when it succeeds our node is the only child: one round trip,
+                # no list. If the parent exists, the multi fails as a whole and creates nothing; queue under it.
+                try:
+                    return self._founded(c, end)
+                except NodeExistsError:
+                    s.parent_seen(c.parent)
+                    c.pending = True  # the create below
+                except (UnimplementedError, NoNodeError) as exc:
+                    # no container nodes (ZooKeeper < 3.5.3: persistent parents), or no base node above the parent
+                    c.pending = False
+                    s.containers = s.containers and not isinstance(exc, UnimplementedError)
+                    s.make_parent(c.parent, end)
             created = kz.create_async(
                 f"{c.parent}/{c.prefix}", c.data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
             )
@@ -250,24 +309,72 @@ class ZooKeeperDriver(ZooKeeperPresence):
             try:
                 path, stat = s.call(created, f"create a contender under {c.parent}", (NoNodeError,), end)
             except NoNodeError:
-                c.pending = False  # nothing was created: the parent is missing
-                s.make_parent(c.parent, end)
-                continue
+                c.pending = False  # nothing was created: the parent is missing (reaped since we saw it)
+                s.parent_gone(c.parent)
+                if not s.containers:
+                    s.make_parent(c.parent, end)
+                continue  # the next round sends the multi
             c.child, c.czxid, c.pending = path.rpartition("/")[2], stat.czxid, False
+            s.parent_seen(c.parent)
             try:
                 return list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
         raise Transient(f"the parent node {c.parent} keeps disappearing")
 
-    def _busy(self, parent: str, end: float | None) -> bool:
+    def _founded(self, c: _Contender, end: float | None) -> list[str]:
+        """Make the parent and our node in one multi (:func:`.client.found_async`); return the parent's children.
+
+        The multi made the parent, so our node is its only child: no list is read. Raises ``NodeExistsError``
+        (the parent exists: nothing was created), ``NoNodeError`` (no base node) or ``UnimplementedError``
+        (no container nodes on this server).
+        """
         s = self._session
-        s.wait_connected(end)
+        what = f"create {c.parent} with a contender"
+        results = s.call(found_async(s.client(), c.parent, c.prefix, c.data, s.acl), what, end=end)
+        c.pending = False  # answered: either both nodes exist now, or neither was created
+        with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+            c.child, c.czxid = founded(results)
+        s.parent_seen(c.parent)
+        return [c.child]
+
+    def _busy(self, c: _Contender, end: float | None) -> bool:
+        """One look, for an acquire whose time is up (``try_acquire``): is the lock taken? Queues no node.
+
+        On a parent the session has not seen, the multi that makes parent and node is pipelined behind the
+        list: if it succeeds the name was free and the lock is ours (``c.founded_at``), in one round trip;
+        if the parent exists it fails, creating nothing, and the list answers.
+        """
+        s = self._session
+        sid = s.wait_connected(end)
+        kz = s.client()
+        founding = None
+        sent_at = self._clock()
+        listed = kz.get_children_async(c.parent)
+        if s.containers and not s.parent_known(c.parent):
+            c.session_id, c.pending = sid, True
+            founding = found_async(kz, c.parent, c.prefix, c.data, s.acl)
         try:
-            children = s.call(s.client().get_children_async(parent), f"list {parent}", (NoNodeError,), end)
-            return bool(nodes.contenders(children))
-        except NoNodeError:
-            return False
+            try:
+                busy = bool(nodes.contenders(s.call(listed, f"list {c.parent}", (NoNodeError,), end)))
+            except NoNodeError:
+                busy = False
+            if founding is not None:
+                what = f"create {c.parent} with a contender"
+                results = s.call(founding, what, end=end)
+                c.pending = False
+                try:
+                    with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+                        c.child, c.czxid = founded(results)
+                except NodeExistsError:
+                    s.parent_seen(c.parent)  # the list's answer stands
+                except (NoNodeError, UnimplementedError):
+                    pass  # no base node, or no containers: the queueing path below handles both
+                else:
+                    c.founded_at = sent_at
+                    s.parent_seen(c.parent)
+                    return False
+            return busy
         except Transient as exc:
             if s.closed:
                 raise

@@ -48,7 +48,9 @@ class Pending:
 class AsyncNode:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
-        self.state = NodeState(spec.label, spec.options.strict, require_master=spec.require_master)
+        self.state = NodeState(
+            spec.label, spec.options.strict, require_master=spec.require_master, cluster=spec.cluster
+        )
         o = spec.options
         self.pool = AsyncConnectionPool(lambda: AsyncConnection(spec), o.pool_size, o.connect_timeout + o.timeout)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from ....errors import BackendUnavailable, ConfigError
 from ..calls import pack
@@ -58,6 +58,11 @@ class AsyncSentinels:
                 continue
             finally:
                 await conn.close()
+            if isinstance(replies[0], ResponseError) and "unknown command" in str(replies[0]):
+                raise ConfigError(
+                    f"{spec.label} is not a sentinel (it does not know SENTINEL): a redis+sentinel:// URL names the "
+                    "sentinels; for one Redis server use redis://, for a node of a Redis Cluster redis+cluster://"
+                )
             master = parse_master_reply(replies)
             if master is None:
                 unknown.append(spec.label)

@@ -1,0 +1,27 @@
+"""The advisory lock key of a lock name: a documented 64-bit mapping that other clients can compute.
+
+``key = the first 8 bytes of SHA-256(namespace UTF-8 || 0x00 || name UTF-8), read as a big-endian signed
+64-bit integer`` — the ``bigint`` argument of ``pg_advisory_lock``. In ``pg_locks`` the key shows as
+``classid`` (its high 32 bits, unsigned) and ``objid`` (its low 32 bits) with ``objsubid = 1``.
+
+Two names could share a key (a 2^-64 chance per pair; about one in 10^10 for a million names): they would
+then share one lock, which is safe (they exclude each other) but surprising. The lock table's ``UNIQUE (key)``
+constraint detects it at the first acquisition of the second name, which is refused with a ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["advisory_key", "lock_parts"]
+
+
+def advisory_key(namespace: str, name: str) -> int:
+    digest = hashlib.sha256(namespace.encode() + b"\x00" + name.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def lock_parts(key: int) -> tuple[int, int]:
+    """``(classid, objid)``: how ``pg_locks`` shows a ``bigint`` advisory key."""
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+    return unsigned >> 32, unsigned & 0xFFFF_FFFF
