@@ -18,6 +18,12 @@ the way an asyncio program would without lockkit:
   ``delete``, each submitted to a thread pool and awaited (the requests lockkit sends for a fresh name).
 
 Medians, p99 and ratios of medians against the row's floor.
+
+``--parts redis-layers`` profiles the redis:// face layer by layer instead (issue 17: where the time over the
+floor goes): the CPU of this process (``time.process_time``, which other processes' load does not inflate)
+and the wall time per acquire+release of the floor, of lockkit's own connection sending the floor's commands,
+of its node running the driver's own calls, of the driver, and of the whole ``AsyncLock``, each with its
+ratio to the floor, interleaved in blocks of 20 and the median of 5 rounds.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import concurrent.futures
 import contextlib
 import os
 import platform
+import statistics
 import sys
 import time
 import uuid
@@ -99,6 +106,82 @@ async def redis_part(port: int, url: str, ops: int) -> str:
         samples = await ainterleave({"redis.asyncio floor": floor, "redis:// async": via(locks)}, ops)
     await conn.disconnect()
     return latency_table(samples, unit="µs")
+
+
+async def redis_layers_part(port: int, url: str, ops: int) -> str:
+    from lockkit.drivers.redis._async.connection import AsyncConnection
+    from lockkit.drivers.redis.calls import pack
+    from lockkit.drivers.redis.flow import acquire_flow, release_call, waiter_id
+
+    (conn,), sha = await _connections([port])
+
+    async def floor(name: str) -> None:
+        await conn.send_command("SET", name, "token", "NX", "PX", 10_000)
+        assert await conn.read_response() is not None
+        await conn.send_command("EVALSHA", sha, 1, name, "token")
+        await conn.read_response()
+
+    async with lockkit.connect_async(url) as locks:
+        driver: Any = locks.backend_for("layers").driver
+        node, token = driver._node, "t" * 32
+        own = AsyncConnection(driver.spec)
+        await own.connect()
+        wid = waiter_id(driver._hub.client_id, 10, token)
+
+        async def transport(name: str) -> None:  # lockkit's own connection, the floor's commands
+            await own.send(pack([("SET", name, "token", "NX", "PX", 10_000)]))
+            assert (await own.read(1, time.monotonic() + 5))[0] is not None
+            await own.send(pack([("EVALSHA", sha, 1, name, "token")]))
+            await own.read(1, time.monotonic() + 5)
+
+        async def node_calls(name: str) -> None:  # the node (pool, hello, NOSCRIPT plan), the driver's calls
+            keys = driver._keys(name)
+            flow = acquire_flow(keys, token, 10, time.monotonic() + 10, driver.clock, "layers", wid, False)
+            await node.run(flow.send(None).calls, False)
+            await node.run([release_call(keys, token)], True)
+            flow.close()
+
+        async def driver_calls(name: str) -> None:
+            assert await driver.acquire(name, token, 10, time.monotonic() + 10) is not None
+            assert await driver.release(name, token)
+
+        ops_by_layer: dict[str, Op] = {
+            "redis.asyncio floor": floor, "lockkit connection, floor's commands": transport,
+            "lockkit node, the driver's calls": node_calls, "lockkit driver": driver_calls, "AsyncLock": via(locks),
+        }  # fmt: skip
+        prefix = uuid.uuid4().hex
+        for label, op in ops_by_layer.items():
+            for i in range(100):
+                await op(f"warm:{prefix}:{label[:9]}:{i}")
+        cpu: dict[str, list[float]] = {label: [] for label in ops_by_layer}
+        wall: dict[str, list[float]] = {label: [] for label in ops_by_layer}
+        block = 20
+        for round_ in range(5):
+            spent = {label: [0.0, 0.0] for label in ops_by_layer}
+            for b in range(max(1, ops // 5 // block)):
+                for label, op in ops_by_layer.items():
+                    started_cpu, started = time.process_time(), time.perf_counter()
+                    for i in range(block):
+                        await op(f"bench:{prefix}:{label[:9]}:{round_}:{b}:{i}")
+                    spent[label][0] += time.process_time() - started_cpu
+                    spent[label][1] += time.perf_counter() - started
+            count = max(1, ops // 5 // block) * block
+            for label in ops_by_layer:
+                cpu[label].append(spent[label][0] / count)
+                wall[label].append(spent[label][1] / count)
+        await own.close()
+    await conn.disconnect()
+    width = max(map(len, ops_by_layer))
+    cpu_floor = statistics.median(cpu["redis.asyncio floor"])
+    wall_floor = statistics.median(wall["redis.asyncio floor"])
+    lines = [
+        f"## Layer by layer, µs per acquire+release (median of 5 rounds of {count}, interleaved in blocks of {block})",
+        f"{'':{width}} {'CPU':>6} {'ratio':>6} {'wall':>6} {'ratio':>6}",
+    ]
+    for label in ops_by_layer:
+        c, w = statistics.median(cpu[label]), statistics.median(wall[label])
+        lines.append(f"{label:{width}} {c * 1e6:6.1f} {c / cpu_floor:6.2f} {w * 1e6:6.1f} {w / wall_floor:6.2f}")
+    return "\n".join(lines)
 
 
 async def redlock_part(ports: list[int], url: str, ops: int) -> str:
@@ -203,7 +286,9 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=400, help="operations per round and variant")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument(
-        "--parts", default="redis,redlock,etcd,zookeeper", help="comma-separated: redis, redlock, etcd, zookeeper"
+        "--parts",
+        default="redis,redlock,etcd,zookeeper",
+        help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers (the redis:// face, layer by layer)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -214,9 +299,12 @@ def main() -> None:
     )
     sections: list[tuple[str, Callable[[], Any]]] = []
     with contextlib.ExitStack() as stack:
-        if "redis" in parts:
+        if "redis" in parts or "redis-layers" in parts:
             single = stack.enter_context(RedisServer())
+        if "redis" in parts:
             sections.append(("redis://", lambda: redis_part(single.port, single.url, ops)))
+        if "redis-layers" in parts:
+            sections.append(("redis://", lambda: redis_layers_part(single.port, single.url, ops)))
         if "redlock" in parts:
             group = stack.enter_context(RedlockServers(5))
             ports = [server.port for server in group.servers]
@@ -229,7 +317,8 @@ def main() -> None:
             sections.append(("zookeeper://", lambda: zookeeper_part(zookeeper_url, ops)))
         for label, part in sections:
             table = asyncio.run(part())
-            print(f"\n{table.replace('## Uncontended', f'## {label} asyncio face, uncontended', 1)}", flush=True)
+            table = table.replace("## Uncontended", f"## {label} asyncio face, uncontended", 1)
+            print(f"\n{table.replace('## Layer', f'## {label} asyncio face, layer', 1)}", flush=True)
 
 
 if __name__ == "__main__":
