@@ -19,11 +19,12 @@ the way an asyncio program would without lockkit:
 
 Medians, p99 and ratios of medians against the row's floor.
 
-``--parts redis-layers`` profiles the redis:// face layer by layer instead (issue 17: where the time over the
-floor goes): the CPU of this process (``time.process_time``, which other processes' load does not inflate)
-and the wall time per acquire+release of the floor, of lockkit's own connection sending the floor's commands,
-of its node running the driver's own calls, of the driver, and of the whole ``AsyncLock``, each with its
-ratio to the floor, interleaved in blocks of 20 and the median of 5 rounds.
+``--parts redis-layers`` (``etcd-layers``, ``zookeeper-layers``) profiles a face layer by layer instead
+(issue 17: where the time over the floor goes): the CPU of this process (``time.process_time``, which other
+processes' load does not inflate) and the wall time per acquire+release of the floor, of lockkit's own
+connection sending the floor's commands, of its node running the driver's own calls, of the driver, and of
+the whole ``AsyncLock`` (offloaded faces: the blocking driver offloaded the floor's way, the offload adapter,
+the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import platform
 import statistics
@@ -108,6 +110,62 @@ async def redis_part(port: int, url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
+async def alayers(ops_by_layer: dict[str, Op], ops: int, block: int = 20) -> str:
+    """Process CPU (``time.process_time``) and wall time per op of each layer, interleaved in blocks of ``block``,
+    medians of 5 rounds, ratios to the first (the floor)."""
+    prefix = uuid.uuid4().hex
+    for label, op in ops_by_layer.items():
+        for i in range(50):
+            await op(f"warm:{prefix}:{label[:9]}:{i}")
+    blocks = max(1, ops // 5 // block)
+    cpu: dict[str, list[float]] = {label: [] for label in ops_by_layer}
+    wall: dict[str, list[float]] = {label: [] for label in ops_by_layer}
+    for round_ in range(5):
+        spent = {label: [0.0, 0.0] for label in ops_by_layer}
+        for b in range(blocks):
+            for label, op in ops_by_layer.items():
+                started_cpu, started = time.process_time(), time.perf_counter()
+                for i in range(block):
+                    await op(f"bench:{prefix}:{label[:9]}:{round_}:{b}:{i}")
+                spent[label][0] += time.process_time() - started_cpu
+                spent[label][1] += time.perf_counter() - started
+        for label in ops_by_layer:
+            cpu[label].append(spent[label][0] / (blocks * block))
+            wall[label].append(spent[label][1] / (blocks * block))
+    width = max(map(len, ops_by_layer))
+    floor = next(iter(ops_by_layer))
+    cpu_floor, wall_floor = statistics.median(cpu[floor]), statistics.median(wall[floor])
+    lines = [
+        f"## Layer by layer, µs per acquire+release (median of 5 rounds of {blocks * block}, interleaved in blocks "
+        f"of {block})",
+        f"{'':{width}} {'CPU':>7} {'ratio':>6} {'wall':>7} {'ratio':>6}",
+    ]
+    for label in ops_by_layer:
+        c, w = statistics.median(cpu[label]), statistics.median(wall[label])
+        lines.append(f"{label:{width}} {c * 1e6:7.1f} {c / cpu_floor:6.2f} {w * 1e6:7.1f} {w / wall_floor:6.2f}")
+    return "\n".join(lines)
+
+
+def offloaded_layers(locks: lockkit.AsyncLocker, floor: Op, pool: concurrent.futures.Executor) -> dict[str, Op]:
+    """The layers of a thread-offloaded face: the floor, the blocking driver offloaded the floor's way (no
+    shield, no Cancel), lockkit's offload adapter over it, and the whole ``AsyncLock``."""
+    adapter: Any = locks.backend_for("layers").driver
+    blocking, token = adapter.sync, "t" * 32
+
+    async def bare(name: str) -> None:
+        assert await asyncio.wrap_future(pool.submit(blocking.acquire, name, token, 10, time.monotonic() + 10))
+        await asyncio.wrap_future(pool.submit(blocking.release, name, token))
+
+    async def offloaded(name: str) -> None:
+        assert await adapter.acquire(name, token, 10, time.monotonic() + 10) is not None
+        await adapter.release(name, token)
+
+    return {
+        "offloaded raw calls (floor)": floor, "blocking driver, offloaded bare": bare,
+        "lockkit.offload adapter": offloaded, "AsyncLock": via(locks),
+    }  # fmt: skip
+
+
 async def redis_layers_part(port: int, url: str, ops: int) -> str:
     from lockkit.drivers.redis._async.connection import AsyncConnection
     from lockkit.drivers.redis.calls import pack
@@ -149,39 +207,10 @@ async def redis_layers_part(port: int, url: str, ops: int) -> str:
             "redis.asyncio floor": floor, "lockkit connection, floor's commands": transport,
             "lockkit node, the driver's calls": node_calls, "lockkit driver": driver_calls, "AsyncLock": via(locks),
         }  # fmt: skip
-        prefix = uuid.uuid4().hex
-        for label, op in ops_by_layer.items():
-            for i in range(100):
-                await op(f"warm:{prefix}:{label[:9]}:{i}")
-        cpu: dict[str, list[float]] = {label: [] for label in ops_by_layer}
-        wall: dict[str, list[float]] = {label: [] for label in ops_by_layer}
-        block = 20
-        for round_ in range(5):
-            spent = {label: [0.0, 0.0] for label in ops_by_layer}
-            for b in range(max(1, ops // 5 // block)):
-                for label, op in ops_by_layer.items():
-                    started_cpu, started = time.process_time(), time.perf_counter()
-                    for i in range(block):
-                        await op(f"bench:{prefix}:{label[:9]}:{round_}:{b}:{i}")
-                    spent[label][0] += time.process_time() - started_cpu
-                    spent[label][1] += time.perf_counter() - started
-            count = max(1, ops // 5 // block) * block
-            for label in ops_by_layer:
-                cpu[label].append(spent[label][0] / count)
-                wall[label].append(spent[label][1] / count)
+        table = await alayers(ops_by_layer, ops)
         await own.close()
     await conn.disconnect()
-    width = max(map(len, ops_by_layer))
-    cpu_floor = statistics.median(cpu["redis.asyncio floor"])
-    wall_floor = statistics.median(wall["redis.asyncio floor"])
-    lines = [
-        f"## Layer by layer, µs per acquire+release (median of 5 rounds of {count}, interleaved in blocks of {block})",
-        f"{'':{width}} {'CPU':>6} {'ratio':>6} {'wall':>6} {'ratio':>6}",
-    ]
-    for label in ops_by_layer:
-        c, w = statistics.median(cpu[label]), statistics.median(wall[label])
-        lines.append(f"{label:{width}} {c * 1e6:6.1f} {c / cpu_floor:6.2f} {w * 1e6:6.1f} {w / wall_floor:6.2f}")
-    return "\n".join(lines)
+    return table
 
 
 async def redlock_part(ports: list[int], url: str, ops: int) -> str:
@@ -207,7 +236,7 @@ async def redlock_part(ports: list[int], url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
-async def etcd_part(url: str, ops: int) -> str:
+async def etcd_part(url: str, ops: int, layers: bool = False) -> str:
     from lockkit.drivers.etcd.client import EtcdClient, cmp_created, delete_op, rpc
 
     host, _, port = url.split("://", 1)[1].split("/")[0].split(",")[0].partition(":")
@@ -225,6 +254,8 @@ async def etcd_part(url: str, ops: int) -> str:
 
     try:
         async with lockkit.connect_async(url) as locks:
+            if layers:
+                return await alayers(offloaded_layers(locks, floor, pool), ops, block=10)
             samples = await ainterleave({"offloaded raw etcd calls": floor, "etcd:// async": via(locks)}, ops)
     finally:
         client.revoke(lease)
@@ -233,7 +264,7 @@ async def etcd_part(url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
-async def zookeeper_part(url: str, ops: int) -> str:
+async def zookeeper_part(url: str, ops: int, layers: bool = False) -> str:
     from kazoo.client import KazooClient
     from kazoo.security import OPEN_ACL_UNSAFE
 
@@ -254,6 +285,8 @@ async def zookeeper_part(url: str, ops: int) -> str:
 
     try:
         async with lockkit.connect_async(url) as locks:
+            if layers:
+                return await alayers(offloaded_layers(locks, floor, pool), ops, block=10)
             samples = await ainterleave({"offloaded raw kazoo calls": floor, "zookeeper:// async": via(locks)}, ops)
     finally:
         client.delete("/bench-raw", recursive=True)
@@ -288,7 +321,8 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="redis,redlock,etcd,zookeeper",
-        help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers (the redis:// face, layer by layer)",
+        help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers, etcd-layers, zookeeper-layers "
+        "(a face layer by layer)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -309,12 +343,16 @@ def main() -> None:
             group = stack.enter_context(RedlockServers(5))
             ports = [server.port for server in group.servers]
             sections.append(("redlock://", lambda: redlock_part(ports, group.url, ops)))
-        if "etcd" in parts:
+        if parts & {"etcd", "etcd-layers"}:
             etcd_url = stack.enter_context(_etcd())
-            sections.append(("etcd://", lambda: etcd_part(etcd_url, ops)))
-        if "zookeeper" in parts:
+        for layers in {"etcd", "etcd-layers"} & parts:
+            sections.append(("etcd://", functools.partial(etcd_part, etcd_url, ops, layers == "etcd-layers")))
+        if parts & {"zookeeper", "zookeeper-layers"}:
             zookeeper_url = stack.enter_context(_zookeeper())
-            sections.append(("zookeeper://", lambda: zookeeper_part(zookeeper_url, ops)))
+        for layers in {"zookeeper", "zookeeper-layers"} & parts:
+            sections.append(
+                ("zookeeper://", functools.partial(zookeeper_part, zookeeper_url, ops, layers != "zookeeper"))
+            )
         for label, part in sections:
             table = asyncio.run(part())
             table = table.replace("## Uncontended", f"## {label} asyncio face, uncontended", 1)
