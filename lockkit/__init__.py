@@ -20,8 +20,11 @@ Errors (all subclasses of :class:`LockError`)::
 
 from __future__ import annotations
 
+# semaphores and reader-writer locks (issue 18)
+from ._async.semaphore import AsyncPermit, AsyncRWLock, AsyncSemaphore
+from ._sync.semaphore import Permit, RWLock, Semaphore
 from .aio import AsyncLock
-from .driver import Grant, Guarantees, HolderInfo
+from .driver import Grant, Guarantees, HolderInfo, Offer, PermitInfo
 from .errors import (
     BackendUnavailable,
     ConfigError,
@@ -41,6 +44,10 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncLock",
     "AsyncLocker",
+    # semaphores and reader-writer locks (issue 18)
+    "AsyncPermit",
+    "AsyncRWLock",
+    "AsyncSemaphore",
     "BackendUnavailable",
     "ConfigError",
     "Grant",
@@ -55,6 +62,11 @@ __all__ = [
     "LockNotOwned",
     "LockTimeout",
     "Locker",
+    "Offer",
+    "Permit",
+    "PermitInfo",
+    "RWLock",
+    "Semaphore",
     "__version__",
     "connect",
     "connect_async",

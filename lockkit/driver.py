@@ -32,6 +32,8 @@ from .timing import Clock, default_clock
 
 __all__ = [
     "AsyncDriver",
+    # semaphores and reader-writer locks (issue 18)
+    "AsyncPermitDriver",
     "Cancel",
     "Driver",
     "DriverContext",
@@ -39,6 +41,10 @@ __all__ = [
     "Guarantees",
     "HolderInfo",
     "LeaseEvents",
+    "Offer",
+    "PermitDriver",
+    "PermitInfo",
+    "PermitMode",
     "Presence",
     "RenewRequest",
     "one_renewal",
@@ -48,6 +54,24 @@ __all__ = [
 Scope = Literal["process", "host", "single-node", "majority", "consensus"]
 Fencing = Literal["strict", "best-effort", "none"]
 Lifetime = Literal["ttl", "session"]
+Offered = Literal["yes", "not yet", "never"]
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Whether a driver offers a primitive beyond the mutex (semaphores, reader-writer locks), and why not.
+
+    ``"not yet"``: it could, nobody has written it; ``"never"``: the backend cannot keep the contract.
+    """
+
+    offered: Offered
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        return self.offered == "yes"
+
+
+NOT_YET = Offer("not yet", "this driver has no permit operations (lockkit.driver.PermitDriver) yet")
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,8 @@ class Guarantees:
     server_wakeup: bool = True
     """Waiters are woken by the backend rather than by polling."""
     note: str = ""
+    semaphores: Offer = NOT_YET
+    """Semaphores and reader-writer locks (:class:`PermitDriver`): one capability, offered or not, and why."""
 
 
 @dataclass(frozen=True)
@@ -279,3 +305,86 @@ def renew_each(driver: Driver, requests: Sequence[RenewRequest]) -> list[Grant |
         except Exception as exc:  # kept per item: one failure must not hide the others' results
             results.append(exc)
     return results
+
+
+# -- semaphores and reader-writer locks (issue 18) --------------------------------------------------------
+
+PermitMode = Literal["permit", "read", "write"]
+"""``permit``: one of ``limit`` shared slots (a semaphore); ``read``: a shared slot of a reader-writer lock (no
+limit, but none while a writer holds or waits); ``write``: the whole name, alone, ahead of later readers."""
+
+
+@dataclass(frozen=True)
+class PermitInfo:
+    """What the server says about a semaphore or reader-writer lock, for ``lockkit status``."""
+
+    limit: int | None
+    """The limit the holders use (0: a reader-writer lock), ``None`` if nobody holds or waits."""
+    holders: int
+    writer: bool
+    """A writer holds it (reader-writer locks)."""
+    waiting_writers: int
+    fencing_token: int | None
+    """The last fencing token handed out for the name."""
+    waiters: int | None = None
+    """Waiters of every kind, where the backend can count them."""
+
+
+class PermitDriver(Protocol):
+    """Optional driver capability: counting permits, with the same rules as locks (see the module docstring).
+
+    ``limit`` is the semaphore's size (0 for a reader-writer lock). A request whose limit differs from the one
+    the live holders and waiters of ``name`` use raises :class:`~lockkit.errors.ConfigError`: the server's
+    record carries the limit, so fleets that disagree are refused rather than silently mixed. Fencing tokens
+    strictly increase per name over every grant of every mode. Permits live in their own key space: a lock and
+    a semaphore of the same name are unrelated.
+
+    A driver offers it by declaring ``Guarantees(semaphores=Offer("yes"))`` and a method
+    ``permits(events: LeaseEvents | None) -> PermitDriver`` (an :class:`AsyncPermitDriver` on a native asyncio
+    driver), called once per locker; a session-bound driver reports the losses of permit leases to ``events``.
+    The shipped :class:`lockkit.testing.SemaphoreSuite` checks the rules (docs/semaphores.md).
+    """
+
+    def acquire_permit(
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        deadline: float | None,
+        limit: int,
+        mode: PermitMode,
+        cancel: Cancel | None = None,
+    ) -> Grant | None: ...
+
+    def renew_permits(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]: ...
+
+    def release_permit(self, name: str, token: str) -> bool: ...
+
+    def permit_holders(self, name: str) -> PermitInfo: ...
+
+    def force_release_permits(self, name: str) -> int:
+        """Administrative: drop every holder and waiter of ``name``; how many holders there were."""
+        ...
+
+
+class AsyncPermitDriver(Protocol):
+    """The awaitable twin of :class:`PermitDriver`."""
+
+    async def acquire_permit(
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        deadline: float | None,
+        limit: int,
+        mode: PermitMode,
+        cancel: Cancel | None = None,
+    ) -> Grant | None: ...
+
+    async def renew_permits(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]: ...
+
+    async def release_permit(self, name: str, token: str) -> bool: ...
+
+    async def permit_holders(self, name: str) -> PermitInfo: ...
+
+    async def force_release_permits(self, name: str) -> int: ...

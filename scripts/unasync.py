@@ -128,6 +128,26 @@ FILES += [
 ]
 # --- end of the Sentinel driver's block ---
 
+# --- semaphores and reader-writer locks (issue 18): their own block, to keep merges easy ---
+RULES += [
+    (r"AsyncPermitDriver", "PermitDriver"),
+    (r"AsyncPermitView", "PermitView"),
+    (r"AsyncPermit", "Permit"),
+    (r"AsyncSemaphore", "Semaphore"),
+    (r"AsyncRWLock", "RWLock"),
+    (r"async_permits", "sync_permits"),
+    (r"AsyncSemaphoreSuite", "SemaphoreSuite"),
+    (r"AsyncRedisPermits", "RedisPermits"),
+]
+FILES += [
+    Pair("lockkit/_async/permit_view.py"),
+    Pair("lockkit/_async/semaphore.py"),
+    Pair("lockkit/testing/_async/semaphore_conformance.py"),
+    Pair("lockkit/testing/_async/semaphore_workers.py"),
+    Pair("lockkit/drivers/redis/_async/semaphore.py"),
+]
+# --- end of the semaphores' block ---
+
 # --- the PostgreSQL driver, lockkit/drivers/postgres/_async (issue 19): its own block, to keep merges easy ---
 # psycopg's AsyncConnection -> Connection is the Redis block's rule already.
 RULES += [

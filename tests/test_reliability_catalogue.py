@@ -23,7 +23,7 @@ SCANNED_FILES = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "Makefile", "py
 SCANNED_SUFFIXES = {".py", ".md", ".toml", ".lua", ".sh", ".txt", ".cfg", ".ini"}
 SKIPPED_PARTS = {"__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
-FAMILIES = "CRLZEMKATP"  # P: PostgreSQL (issue 19)
+FAMILIES = "CRLZEMKATPS"  # P: PostgreSQL (issue 19), S: semaphores and reader-writer locks (issue 18)
 
 # A scenario ID: a family letter, a hyphen, a number and an optional variant letter ("C-4a"). The
 # look-arounds keep it from matching inside other tokens: no letter, digit, hyphen or dot right before it

@@ -12,22 +12,25 @@ import logging
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from ..config import BackendSpec, Settings, backend_url, where_backend
 from ..configured_backend import Backend
-from ..driver import AsyncDriver, Driver, DriverContext, HolderInfo
+from ..driver import AsyncDriver, AsyncPermitDriver, Driver, DriverContext, HolderInfo, PermitInfo, PermitMode
 from ..errors import ConfigError, LockError
 from ..guarded import NameTemplate, enter_call, leave_call
 from ..lease import Lease, LostCallback
 from ..lock_core import DEFAULT_TTL, LockCore
 from ..names import validate_name
+from ..permits import async_permits
 from ..registry import declared_guarantees, open_async_driver, open_driver
 from ..routes import check_requirements
 from ..timing import Clock, default_clock
 from ..urls import BackendURL
 from .lock import AsyncLock
+from .permit_view import AsyncPermitView
 from .primitives import Guarded, async_scheduler, check_guarded, face_driver
+from .semaphore import AsyncPermit, AsyncRWLock, AsyncSemaphore
 
 __all__ = ["CLOSE_RELEASE_SECONDS", "AsyncLocker"]
 
@@ -50,6 +53,9 @@ class AsyncLocker:
         self.settings = settings
         self.clock = clock or default_clock
         self._backends: dict[str, Backend[AsyncDriver]] = {}
+        # Per backend, its permit operations seen as a lock driver (opened at the first semaphore or rwlock):
+        # the scheduler renews and the close releases permits through them as it does locks.
+        self._permit_backends: dict[str, tuple[Backend[AsyncDriver], AsyncPermitDriver]] = {}
         self._closed = False
         if any(route.require for route in settings.routes):  # before anything connects
             check_requirements(settings.routes, declared_guarantees(settings), f"{settings.source}: [routes]")
@@ -173,13 +179,21 @@ class AsyncLocker:
         on_lost: LostCallback | None = None,
         max_hold: float | None = None,
         timeout: float | None = None,
+        limit: int | None = None,
+        side: Literal["read", "write"] | None = None,
     ) -> Callable[[Guarded[P, T]], Guarded[P, T]]:
         """Decorate a function so that each call runs holding lock ``name``; the same arguments as :meth:`lock`.
 
         ``name`` may name the function's parameters in braces (``"report:{day}"``), formatted from each call's
         arguments. Inside the call, :func:`lockkit.current_lease` is the lease it holds. Errors are those of
         :meth:`AsyncLock.acquire` and of leaving ``async with`` (``LockTimeout``, ``LockLost``, …).
+        ``limit=N`` holds one permit of semaphore ``name`` instead of a lock, ``side="read"`` or ``"write"``
+        one side of reader-writer lock ``name`` (docs/semaphores.md).
         """
+        if limit is not None and side is not None:
+            raise ConfigError("locked() takes limit= (a semaphore) or side= (a reader-writer lock), not both")
+        if side is not None and side not in ("read", "write"):
+            raise ConfigError(f'side must be "read" or "write", got {side!r}')
         template = NameTemplate(name)
         options: dict[str, Any] = {
             "backend": backend,
@@ -188,8 +202,17 @@ class AsyncLocker:
             "max_hold": max_hold,
             "timeout": timeout,
         }
+
+        def handle(formatted: str) -> AsyncLock:
+            if limit is not None:
+                return self.semaphore(formatted, limit, ttl, **options)
+            if side is not None:
+                rw = self.rwlock(formatted, ttl, **options)
+                return rw.write() if side == "write" else rw.read()
+            return self.lock(formatted, ttl, **options)
+
         if not template.fields:
-            self.lock(name, ttl, **options)  # a bad name, ttl or option fails here, at decoration
+            handle(name)  # a bad name, ttl, limit or option (or a backend without semaphores) fails here
 
         def decorate(fn: Guarded[P, T]) -> Guarded[P, T]:
             check_guarded(fn)
@@ -197,7 +220,7 @@ class AsyncLocker:
 
             @functools.wraps(fn)
             async def run_locked(*args: P.args, **kwargs: P.kwargs) -> T:
-                lock = self.lock(template.format(signature, args, kwargs), ttl, **options)
+                lock = handle(template.format(signature, args, kwargs))
                 async with lock as lease:
                     entry = enter_call(lease)
                     try:
@@ -208,6 +231,96 @@ class AsyncLocker:
             return run_locked
 
         return decorate
+
+    # -- semaphores and reader-writer locks (issue 18) --------------------------------------------------
+
+    def _permit_backend(self, name: str, backend: str | None) -> tuple[Backend[AsyncDriver], AsyncPermitDriver]:
+        target = self.backend_for(name, backend)
+        found = self._permit_backends.get(target.name)
+        if found is None:
+            view: Backend[AsyncDriver] = Backend(target.name, target.shown_url, self.clock)
+            view.stats = target.stats  # one set of statistics per backend, locks and permits together
+            # ConfigError where the backend offers none; a session-bound driver reports permit losses to the view
+            permits = async_permits(target.driver, target.name, view)
+            view.attach(AsyncPermitView(permits, target.guarantees))
+            found = self._permit_backends[target.name] = (view, permits)
+        return found
+
+    def _permit(
+        self,
+        cls: type[AsyncPermit],
+        name: str,
+        limit: int,
+        mode: PermitMode,
+        ttl: object,
+        backend: str | None,
+        options: dict[str, Any],
+    ) -> AsyncPermit:
+        valid = validate_name(name)
+        view, permits = self._permit_backend(valid, backend)
+        return cls(LockCore(view, valid, ttl, **options), permits, limit, mode)
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: str | None = None,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
+        timeout: float | None = None,
+    ) -> AsyncSemaphore:
+        """A handle on one permit of semaphore ``name``: at most ``limit`` holders at once (docs/semaphores.md).
+
+        The other arguments are those of :meth:`lock`. A backend that offers no semaphores raises
+        :class:`ConfigError` here, saying why.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"a semaphore's limit must be a whole number of at least 1, got {limit!r}")
+        options = {"auto_renew": auto_renew, "on_lost": on_lost, "max_hold": max_hold, "timeout": timeout}
+        handle = self._permit(AsyncSemaphore, name, limit, "permit", ttl, backend, options)
+        assert isinstance(handle, AsyncSemaphore)
+        return handle
+
+    def rwlock(
+        self,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: str | None = None,
+        auto_renew: bool = True,
+        on_lost: LostCallback | None = None,
+        max_hold: float | None = None,
+        timeout: float | None = None,
+    ) -> AsyncRWLock:
+        """Reader-writer lock ``name``: ``.read()`` and ``.write()`` give handles (docs/semaphores.md).
+
+        The other arguments are those of :meth:`lock`, and apply to every handle it gives.
+        """
+        options = {"auto_renew": auto_renew, "on_lost": on_lost, "max_hold": max_hold, "timeout": timeout}
+        valid = validate_name(name)
+        self._permit(AsyncPermit, valid, 0, "read", ttl, backend, options)  # bad arguments fail here, at once
+
+        def make(mode: PermitMode) -> AsyncPermit:
+            return self._permit(AsyncPermit, valid, 0, mode, ttl, backend, options)
+
+        return AsyncRWLock(valid, make)
+
+    async def permit_holders(self, name: str, *, backend: str | None = None) -> PermitInfo:
+        """Who holds and waits for semaphore or rwlock ``name`` (one round trip)."""
+        _, permits = self._permit_backend(name, backend)
+        return await permits.permit_holders(name)
+
+    async def force_release_permits(self, name: str, *, backend: str | None = None) -> int:
+        """Administrative: drop every holder and waiter of semaphore or rwlock ``name``; how many held."""
+        _, permits = self._permit_backend(name, backend)
+        count = await permits.force_release_permits(name)
+        log.warning(
+            "lockkit: %s (pid %d) force-released %d permit(s) of %r", _user_name(), os.getpid(), count, name
+        )
+        return count
 
     async def holder(self, name: str, *, backend: str | None = None) -> HolderInfo:
         """Who holds ``name`` now, as its backend sees it (one round trip)."""
@@ -271,7 +384,9 @@ class AsyncLocker:
         self._closed = True
         renewals = async_scheduler(self.clock)
         deadline = self.clock() + CLOSE_RELEASE_SECONDS
-        for backend in self._backends.values():
+        # Permits first, through their views (closing a view closes only its own worker threads), then locks.
+        everything = [view for view, _ in self._permit_backends.values()] + list(self._backends.values())
+        for backend in everything:
             leases = [lease for lease in backend.live_leases() if lease.owner_pid == os.getpid()]
             for lease in leases:
                 renewals.remove(lease)

@@ -64,13 +64,18 @@ class Lock:
         token, deadline = core.begin(timeout)
         started = core.clock()
         try:
-            grant = self._driver().acquire(core.name, token, core.ttl, deadline)
+            grant = self._take(token, deadline)
         except LockError:
             core.backend.stats.count("errors")
             raise
         if grant is None:
             raise core.timed_out(timeout)
         return self._start(token, grant, started)
+
+    def _take(self, token: str, deadline: float | None) -> Grant | None:
+        """The driver call that wins the grant (a permit handle asks its backend's permit operations instead)."""
+        core = self._core
+        return self._driver().acquire(core.name, token, core.ttl, deadline)
 
     def try_acquire(self) -> Lease | None:
         """One attempt, never waits: the lease, or ``None`` if someone else holds the lock."""

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
@@ -26,6 +26,7 @@ from ..config import Settings, load_file, resolve_settings
 from ..driver import Guarantees
 from ..errors import BackendUnavailable, ConfigError, LockError, LockTimeout
 from ..lease import Lease
+from ..lock import Lock
 from ..locker import Locker
 from ..names import validate_name
 
@@ -70,7 +71,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             child[0].send_signal(signal.SIGTERM)
 
     with _locker(args) as locks:
-        lock = locks.lock(args.name, ttl=args.ttl, backend=args.backend, on_lost=on_lost, max_hold=args.max_hold)
+        try:
+            lock = _run_handle(locks, args, on_lost)
+        except ConfigError as exc:  # a backend without semaphores says why
+            print(f"lockkit run: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         try:
             lease = lock.acquire(timeout=args.timeout)
         except LockTimeout as exc:
@@ -127,8 +132,51 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 128 - code if code < 0 else code
 
 
+def _run_handle(locks: Locker, args: argparse.Namespace, on_lost: Callable[[Lease], None]) -> Lock:
+    """The handle ``lockkit run`` holds: a lock, one permit of ``--semaphore N``, or a ``--read``/``--write`` side."""
+    options: dict[str, Any] = {"backend": args.backend, "on_lost": on_lost, "max_hold": args.max_hold}
+    if args.semaphore is not None:
+        return locks.semaphore(args.name, limit=args.semaphore, ttl=args.ttl, **options)
+    if args.read or args.write:
+        rw = locks.rwlock(args.name, ttl=args.ttl, **options)
+        return rw.write() if args.write else rw.read()
+    return locks.lock(args.name, ttl=args.ttl, **options)
+
+
+def _permit_status(locks: Locker, args: argparse.Namespace) -> int:
+    """``lockkit status NAME --permits``: the holders and waiters of semaphore or rwlock NAME."""
+    backend = locks.settings.route(args.name, args.backend)
+    try:
+        info = locks.permit_holders(args.name, backend=args.backend)
+    except ConfigError as exc:
+        print(f"lockkit status: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"name": args.name, "backend": backend, "kind": "permits", **info.__dict__}))
+        return 0
+    if info.limit is None:
+        print(f"{args.name}: no permits held or waited for on backend {backend!r}")
+        return 0
+    kind = "reader-writer lock" if info.limit == 0 else f"semaphore of limit {info.limit}"
+    if info.writer:
+        held = "held by a writer"
+    else:
+        held = f"{info.holders} holder(s)" + (" (readers)" if info.limit == 0 and info.holders else "")
+    parts = [f"{kind} on backend {backend!r}", held]
+    if info.waiting_writers:
+        parts.append(f"{info.waiting_writers} writer(s) waiting")
+    if info.waiters:
+        parts.append(f"{info.waiters} waiting in all")
+    if info.fencing_token is not None:
+        parts.append(f"last fencing token {info.fencing_token}")
+    print(f"{args.name}: " + ", ".join(parts))
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     with _locker(args) as locks:
+        if args.permits:
+            return _permit_status(locks, args)
         info = locks.holder(args.name, backend=args.backend)
         backend = locks.settings.route(args.name, args.backend)
         if args.json:
@@ -158,6 +206,10 @@ def _cmd_release(args: argparse.Namespace) -> int:
         print("lockkit release: releasing another holder's lock is an administrative act; add --force", file=sys.stderr)
         return EXIT_USAGE
     with _locker(args) as locks:
+        if args.permits:
+            count = locks.force_release_permits(args.name, backend=args.backend)
+            print(f"{args.name}: {count} permit(s) released (their holders will find them lost at their next renewal)")
+            return 0
         held = locks.force_release(args.name, backend=args.backend)
         print(
             f"{args.name}: {'released (its holder will find it lost at its next renewal)' if held else 'was not held'}"
@@ -341,17 +393,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds, renewed every ttl/3 (default 30)")
     run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 75)")
     run.add_argument("--max-hold", type=float, default=None, help="stop renewing after this many seconds")
+    kind = run.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--semaphore", type=_positive_int, metavar="N", help="hold one of N permits of semaphore NAME instead of a lock"
+    )
+    kind.add_argument("--read", action="store_true", help="hold the read side of reader-writer lock NAME")
+    kind.add_argument("--write", action="store_true", help="hold the write side of reader-writer lock NAME")
     run.set_defaults(func=_cmd_run)
 
     status = sub.add_parser("status", help="show who holds a lock")
     status.add_argument("name")
     _add_target(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--permits", action="store_true", help="show semaphore or reader-writer lock NAME instead")
     status.set_defaults(func=_cmd_status)
 
     release = sub.add_parser("release", help="administratively release a lock held by anyone")
     release.add_argument("name")
     release.add_argument("--force", action="store_true", help="required: you are taking someone's lock away")
+    release.add_argument("--permits", action="store_true", help="release every permit of semaphore or rwlock NAME")
     _add_target(release)
     release.set_defaults(func=_cmd_release)
 

@@ -24,5 +24,6 @@ processes test for memory://, which is one process by definition).
 
 from .clock import FakeClock
 from .conformance import AsyncConformanceSuite, ConformanceSuite
+from .semaphore_conformance import AsyncSemaphoreSuite, SemaphoreSuite
 
-__all__ = ["AsyncConformanceSuite", "ConformanceSuite", "FakeClock"]
+__all__ = ["AsyncConformanceSuite", "AsyncSemaphoreSuite", "ConformanceSuite", "FakeClock", "SemaphoreSuite"]

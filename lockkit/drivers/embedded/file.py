@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, renew_each
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Offer, RenewRequest, renew_each
 from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...urls import BackendURL, parse_options
@@ -124,6 +124,7 @@ class FileDriver:
         survives_failover=False,
         lifetime="ttl",
         note="Processes of one host; the default when nothing is configured.",
+        semaphores=Offer("yes"),
     )
 
     def __init__(self, directory: Path, options: FileOptions, ctx: DriverContext) -> None:
@@ -436,6 +437,12 @@ class FileDriver:
     def members(self, group: str) -> dict[str, str]:
         with self._presence(group) as live:
             return {m: str(r["value"]) for m, r in live.items()}
+
+    def permits(self, events: object = None) -> Any:
+        """Semaphores and reader-writer locks (:mod:`.file_permits`), one ``.sem`` file per name."""
+        from .file_permits import FilePermits
+
+        return FilePermits(self)
 
     def ping(self) -> None:
         if not os.access(self.directory, os.W_OK):

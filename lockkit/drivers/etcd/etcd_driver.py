@@ -62,7 +62,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, LeaseEvents, Offer, RenewRequest
 from ...errors import BackendUnavailable, LockError
 from ...lease import token_hint
 from ...urls import BackendURL
@@ -85,6 +85,7 @@ class EtcdDriver:
         survives_failover=True,
         lifetime="session",
         note="Raft consensus; one session lease per client and TTL; fencing token = the key's create_revision.",
+        semaphores=Offer("yes"),  # issue 18: .semaphore
     )
 
     def __init__(self, client: EtcdClient, options: EtcdOptions, ctx: DriverContext) -> None:
@@ -256,6 +257,14 @@ class EtcdDriver:
 
     def members(self, group: str) -> dict[str, str]:
         return self._presence.members(group)
+
+    # -- semaphores and reader-writer locks (issue 18; see .semaphore) ------------------------------
+
+    def permits(self, events: LeaseEvents | None = None) -> Any:
+        """Permits on their own session leases, whose losses are reported to ``events`` (the permit handles')."""
+        from .semaphore import EtcdPermits
+
+        return EtcdPermits(self._client, self._watcher, self._prefix, self._clock, events or self._events)
 
     def ping(self) -> None:
         self._client.range(rpc.RangeRequest(key=self._prefix.encode(), count_only=True), "ping")

@@ -30,6 +30,7 @@ from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ..quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
+from ..semaphore_scripts import REDLOCK_PERMITS
 from .drive import adrive
 from .node import AsyncNode, Pending
 from .primitives import AsyncBackground
@@ -44,6 +45,7 @@ GUARANTEES = Guarantees(
     lifetime="ttl",
     note="A majority of independent Redis masters; safe only under bounded clock drift and pauses, "
     "and it offers no fencing token (a lease is not fenced; reading fencing_token raises ConfigError).",
+    semaphores=REDLOCK_PERMITS,  # issue 18: the reason is in ..semaphore_scripts
 )
 MAX_TRACKED = 100_000
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 
-from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Offer, RenewRequest, one_renewal
 from ....errors import BackendUnavailable
 from ....lease import token_hint
 from ....urls import BackendURL
@@ -43,6 +43,7 @@ GUARANTEES = Guarantees(
     lifetime="ttl",
     note="One Redis server: a failover (asynchronous replication) can lose a held lock; fencing tokens "
     "restart after FLUSHALL or a restart without persistence.",
+    semaphores=Offer("yes"),  # issue 18: ..semaphore_scripts
 )
 
 
@@ -225,6 +226,12 @@ class AsyncRedisDriver:
     async def close(self) -> None:
         await self._background.close([self._hub])
         await self._node.close()
+
+    def permits(self, events: object = None) -> Any:
+        """Semaphores and reader-writer locks on this server (issue 18: :mod:`..semaphore_scripts`)."""
+        from .semaphore import AsyncRedisPermits
+
+        return AsyncRedisPermits(self)
 
     def __repr__(self) -> str:
         return f"AsyncRedisDriver({self.spec.label})"

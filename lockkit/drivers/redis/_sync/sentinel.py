@@ -43,6 +43,7 @@ from ..errors import translate
 from ..flow import checked, release_call
 from ..hub import Hub
 from ..scripts import FAIR_HOLDER
+from ..semaphore_scripts import SENTINEL_PERMITS
 from ..sentinel_config import SentinelTarget, sentinel_target
 from .node import SyncNode
 from .primitives import pause
@@ -68,6 +69,7 @@ GUARANTEES = Guarantees(
     "grant that had not reached the promoted replica is lost and a second client can take the lock "
     "(min_replicas=N narrows this to grants no replica acknowledged). Fencing tokens carry the sentinels' "
     "config-epoch (epoch << 48 | counter), so they stay increasing across failovers.",
+    semaphores=SENTINEL_PERMITS,  # issue 18: the reason is in ..semaphore_scripts
 )
 
 

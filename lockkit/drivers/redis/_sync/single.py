@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 
-from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Offer, RenewRequest, one_renewal
 from ....errors import BackendUnavailable
 from ....lease import token_hint
 from ....urls import BackendURL
@@ -45,6 +45,7 @@ GUARANTEES = Guarantees(
     lifetime="ttl",
     note="One Redis server: a failover (asynchronous replication) can lose a held lock; fencing tokens "
     "restart after FLUSHALL or a restart without persistence.",
+    semaphores=Offer("yes"),  # issue 18: ..semaphore_scripts
 )
 
 
@@ -227,6 +228,12 @@ class RedisDriver:
     def close(self) -> None:
         self._background.close([self._hub])
         self._node.close()
+
+    def permits(self, events: object = None) -> Any:
+        """Semaphores and reader-writer locks on this server (issue 18: :mod:`..semaphore_scripts`)."""
+        from .semaphore import RedisPermits
+
+        return RedisPermits(self)
 
     def __repr__(self) -> str:
         return f"RedisDriver({self.spec.label})"
