@@ -18,6 +18,13 @@ the way an asyncio program would without lockkit:
   ``delete``, each submitted to a thread pool and awaited (the requests lockkit sends for a fresh name).
 
 Medians, p99 and ratios of medians against the row's floor.
+
+``--parts redis-layers`` (``etcd-layers``, ``zookeeper-layers``) profiles a face layer by layer instead
+(issue 17: where the time over the floor goes): the CPU of this process (``time.process_time``, which other
+processes' load does not inflate) and the wall time per acquire+release of the floor, of lockkit's own
+connection sending the floor's commands, of its node running the driver's own calls, of the driver, and of
+the whole ``AsyncLock`` (offloaded faces: the blocking driver offloaded the floor's way, the offload adapter,
+the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import platform
+import statistics
 import sys
 import time
 import uuid
@@ -101,6 +110,109 @@ async def redis_part(port: int, url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
+async def alayers(ops_by_layer: dict[str, Op], ops: int, block: int = 20) -> str:
+    """Process CPU (``time.process_time``) and wall time per op of each layer, interleaved in blocks of ``block``,
+    medians of 5 rounds, ratios to the first (the floor)."""
+    prefix = uuid.uuid4().hex
+    for label, op in ops_by_layer.items():
+        for i in range(50):
+            await op(f"warm:{prefix}:{label[:9]}:{i}")
+    blocks = max(1, ops // 5 // block)
+    cpu: dict[str, list[float]] = {label: [] for label in ops_by_layer}
+    wall: dict[str, list[float]] = {label: [] for label in ops_by_layer}
+    for round_ in range(5):
+        spent = {label: [0.0, 0.0] for label in ops_by_layer}
+        for b in range(blocks):
+            for label, op in ops_by_layer.items():
+                started_cpu, started = time.process_time(), time.perf_counter()
+                for i in range(block):
+                    await op(f"bench:{prefix}:{label[:9]}:{round_}:{b}:{i}")
+                spent[label][0] += time.process_time() - started_cpu
+                spent[label][1] += time.perf_counter() - started
+        for label in ops_by_layer:
+            cpu[label].append(spent[label][0] / (blocks * block))
+            wall[label].append(spent[label][1] / (blocks * block))
+    width = max(map(len, ops_by_layer))
+    floor = next(iter(ops_by_layer))
+    cpu_floor, wall_floor = statistics.median(cpu[floor]), statistics.median(wall[floor])
+    lines = [
+        f"## Layer by layer, µs per acquire+release (median of 5 rounds of {blocks * block}, interleaved in blocks "
+        f"of {block})",
+        f"{'':{width}} {'CPU':>7} {'ratio':>6} {'wall':>7} {'ratio':>6}",
+    ]
+    for label in ops_by_layer:
+        c, w = statistics.median(cpu[label]), statistics.median(wall[label])
+        lines.append(f"{label:{width}} {c * 1e6:7.1f} {c / cpu_floor:6.2f} {w * 1e6:7.1f} {w / wall_floor:6.2f}")
+    return "\n".join(lines)
+
+
+def offloaded_layers(locks: lockkit.AsyncLocker, floor: Op, pool: concurrent.futures.Executor) -> dict[str, Op]:
+    """The layers of a thread-offloaded face: the floor, the blocking driver offloaded the floor's way (no
+    shield, no Cancel), lockkit's offload adapter over it, and the whole ``AsyncLock``."""
+    adapter: Any = locks.backend_for("layers").driver
+    blocking, token = adapter.sync, "t" * 32
+
+    async def bare(name: str) -> None:
+        assert await asyncio.wrap_future(pool.submit(blocking.acquire, name, token, 10, time.monotonic() + 10))
+        await asyncio.wrap_future(pool.submit(blocking.release, name, token))
+
+    async def offloaded(name: str) -> None:
+        assert await adapter.acquire(name, token, 10, time.monotonic() + 10) is not None
+        await adapter.release(name, token)
+
+    return {
+        "offloaded raw calls (floor)": floor, "blocking driver, offloaded bare": bare,
+        "lockkit.offload adapter": offloaded, "AsyncLock": via(locks),
+    }  # fmt: skip
+
+
+async def redis_layers_part(port: int, url: str, ops: int) -> str:
+    from lockkit.drivers.redis._async.connection import AsyncConnection
+    from lockkit.drivers.redis.calls import pack
+    from lockkit.drivers.redis.flow import acquire_flow, release_call, waiter_id
+
+    (conn,), sha = await _connections([port])
+
+    async def floor(name: str) -> None:
+        await conn.send_command("SET", name, "token", "NX", "PX", 10_000)
+        assert await conn.read_response() is not None
+        await conn.send_command("EVALSHA", sha, 1, name, "token")
+        await conn.read_response()
+
+    async with lockkit.connect_async(url) as locks:
+        driver: Any = locks.backend_for("layers").driver
+        node, token = driver._node, "t" * 32
+        own = AsyncConnection(driver.spec)
+        await own.connect()
+        wid = waiter_id(driver._hub.client_id, 10, token)
+
+        async def transport(name: str) -> None:  # lockkit's own connection, the floor's commands
+            await own.send(pack([("SET", name, "token", "NX", "PX", 10_000)]))
+            assert (await own.read(1, time.monotonic() + 5))[0] is not None
+            await own.send(pack([("EVALSHA", sha, 1, name, "token")]))
+            await own.read(1, time.monotonic() + 5)
+
+        async def node_calls(name: str) -> None:  # the node (pool, hello, NOSCRIPT plan), the driver's calls
+            keys = driver._keys(name)
+            flow = acquire_flow(keys, token, 10, time.monotonic() + 10, driver.clock, "layers", wid, False)
+            await node.run(flow.send(None).calls, False)
+            await node.run([release_call(keys, token)], True)
+            flow.close()
+
+        async def driver_calls(name: str) -> None:
+            assert await driver.acquire(name, token, 10, time.monotonic() + 10) is not None
+            assert await driver.release(name, token)
+
+        ops_by_layer: dict[str, Op] = {
+            "redis.asyncio floor": floor, "lockkit connection, floor's commands": transport,
+            "lockkit node, the driver's calls": node_calls, "lockkit driver": driver_calls, "AsyncLock": via(locks),
+        }  # fmt: skip
+        table = await alayers(ops_by_layer, ops)
+        await own.close()
+    await conn.disconnect()
+    return table
+
+
 async def redlock_part(ports: list[int], url: str, ops: int) -> str:
     conns, sha = await _connections(ports)
     need = len(conns) // 2 + 1
@@ -124,7 +236,7 @@ async def redlock_part(ports: list[int], url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
-async def etcd_part(url: str, ops: int) -> str:
+async def etcd_part(url: str, ops: int, layers: bool = False) -> str:
     from lockkit.drivers.etcd.client import EtcdClient, cmp_created, delete_op, rpc
 
     host, _, port = url.split("://", 1)[1].split("/")[0].split(",")[0].partition(":")
@@ -142,6 +254,8 @@ async def etcd_part(url: str, ops: int) -> str:
 
     try:
         async with lockkit.connect_async(url) as locks:
+            if layers:
+                return await alayers(offloaded_layers(locks, floor, pool), ops, block=10)
             samples = await ainterleave({"offloaded raw etcd calls": floor, "etcd:// async": via(locks)}, ops)
     finally:
         client.revoke(lease)
@@ -150,7 +264,7 @@ async def etcd_part(url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
-async def zookeeper_part(url: str, ops: int) -> str:
+async def zookeeper_part(url: str, ops: int, layers: bool = False) -> str:
     from kazoo.client import KazooClient
     from kazoo.security import OPEN_ACL_UNSAFE
 
@@ -171,6 +285,8 @@ async def zookeeper_part(url: str, ops: int) -> str:
 
     try:
         async with lockkit.connect_async(url) as locks:
+            if layers:
+                return await alayers(offloaded_layers(locks, floor, pool), ops, block=10)
             samples = await ainterleave({"offloaded raw kazoo calls": floor, "zookeeper:// async": via(locks)}, ops)
     finally:
         client.delete("/bench-raw", recursive=True)
@@ -203,7 +319,10 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=400, help="operations per round and variant")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument(
-        "--parts", default="redis,redlock,etcd,zookeeper", help="comma-separated: redis, redlock, etcd, zookeeper"
+        "--parts",
+        default="redis,redlock,etcd,zookeeper",
+        help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers, etcd-layers, zookeeper-layers "
+        "(a face layer by layer)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -214,22 +333,30 @@ def main() -> None:
     )
     sections: list[tuple[str, Callable[[], Any]]] = []
     with contextlib.ExitStack() as stack:
-        if "redis" in parts:
+        if "redis" in parts or "redis-layers" in parts:
             single = stack.enter_context(RedisServer())
+        if "redis" in parts:
             sections.append(("redis://", lambda: redis_part(single.port, single.url, ops)))
+        if "redis-layers" in parts:
+            sections.append(("redis://", lambda: redis_layers_part(single.port, single.url, ops)))
         if "redlock" in parts:
             group = stack.enter_context(RedlockServers(5))
             ports = [server.port for server in group.servers]
             sections.append(("redlock://", lambda: redlock_part(ports, group.url, ops)))
-        if "etcd" in parts:
+        if parts & {"etcd", "etcd-layers"}:
             etcd_url = stack.enter_context(_etcd())
-            sections.append(("etcd://", lambda: etcd_part(etcd_url, ops)))
-        if "zookeeper" in parts:
+        for layers in {"etcd", "etcd-layers"} & parts:
+            sections.append(("etcd://", functools.partial(etcd_part, etcd_url, ops, layers == "etcd-layers")))
+        if parts & {"zookeeper", "zookeeper-layers"}:
             zookeeper_url = stack.enter_context(_zookeeper())
-            sections.append(("zookeeper://", lambda: zookeeper_part(zookeeper_url, ops)))
+        for layers in {"zookeeper", "zookeeper-layers"} & parts:
+            sections.append(
+                ("zookeeper://", functools.partial(zookeeper_part, zookeeper_url, ops, layers != "zookeeper"))
+            )
         for label, part in sections:
             table = asyncio.run(part())
-            print(f"\n{table.replace('## Uncontended', f'## {label} asyncio face, uncontended', 1)}", flush=True)
+            table = table.replace("## Uncontended", f"## {label} asyncio face, uncontended", 1)
+            print(f"\n{table.replace('## Layer', f'## {label} asyncio face, layer', 1)}", flush=True)
 
 
 if __name__ == "__main__":

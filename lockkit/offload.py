@@ -53,7 +53,10 @@ class ThreadOffloadDriver:
         unhook = cancel.on_cancel(stop.cancel) if cancel is not None else None
         future = self._pool.submit(self.sync.acquire, name, token, ttl, deadline, stop)
         try:
-            return await asyncio.shield(asyncio.wrap_future(future))
+            # Not shielded (a shield costs a future and a turn of the loop per call, issue 17): a cancelled await
+            # cancels ``future`` too, which stops it only if no thread has started it (then nothing was sent);
+            # a started one runs on, ``stop`` ends its wait, and its grant, if any, is released below.
+            return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             stop.cancel()
             future.add_done_callback(lambda done: self._release_if_granted(done, name, token))

@@ -277,6 +277,34 @@ async def test_async_connection_killed_while_idle_is_replaced_before_use(redis_s
         admin.close()
 
 
+async def test_async_reader_times_out_at_each_reads_own_deadline(redis_server: RedisServer) -> None:
+    """The asyncio reader's timer is armed once per connection and re-armed lazily (issue 17): a timer armed
+    by an earlier read must neither let a later read with a nearer deadline wait too long nor cut one with a
+    later deadline short."""
+    conn = AsyncConnection(spec_for(redis_server.url + "?timeout=0.6"))
+    try:
+        await conn.ready()
+        await conn.send(pack([("PING",)]))  # answered at once: its timer (0.6 s on) stays armed, unneeded
+        assert await conn.read(1, time.monotonic() + 0.6) == [b"PONG"]
+        await conn.send(pack([("BLPOP", "resp:never", 5)]))
+        started = time.monotonic()
+        with pytest.raises(RedisTimeoutError):
+            await conn.read(1, started + 0.2)  # nearer than the armed timer
+        early = time.monotonic() - started
+        conn.drop()  # the BLPOP's reply is still due: a connection that timed out is never reused
+        await conn.ready()
+        await conn.send(pack([("PING",)]))  # its timer (0.15 s on) stays armed, unneeded
+        assert await conn.read(1, time.monotonic() + 0.15) == [b"PONG"]
+        await conn.send(pack([("BLPOP", "resp:never", 5)]))
+        started = time.monotonic()
+        with pytest.raises(RedisTimeoutError):
+            await conn.next_reply(None)  # the connection's own 0.6 s, not what is left of the PING's
+        own = time.monotonic() - started
+    finally:
+        await conn.close()
+    assert 0.15 <= early < 0.5 and 0.5 <= own < 1.2, (early, own)
+
+
 # -- unix:// --------------------------------------------------------------------------------------------------------
 
 

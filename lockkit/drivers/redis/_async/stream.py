@@ -3,9 +3,12 @@ is its blocking twin, with the same names).
 
 A small :class:`asyncio.Protocol` of our own keeps what arrives until it is read, and knows when the
 connection was closed; that is all a connection needs, without a ``StreamReader``'s buffering and locks.
-Waits are bounded with ``call_later`` on a future rather than ``asyncio.wait_for``, which before Python 3.12
-can swallow a cancellation of the caller (bpo-37658). Failures are redis-py's public exception classes
-(``TimeoutError``, ``ConnectionError``), which the drivers catch.
+Waits are bounded with a timer on a future rather than ``asyncio.wait_for``, which before Python 3.12
+can swallow a cancellation of the caller (bpo-37658). A read's timer is the connection's own and lazy: it is
+armed once and, when it fires before the current read's deadline, armed again for what is left, so the usual
+read (a reply well within the timeout) schedules and cancels no timer and builds no exception (issue 17:
+see docs/benchmarks.md). Failures are redis-py's public exception classes (``TimeoutError``,
+``ConnectionError``), which the drivers catch.
 """
 
 from __future__ import annotations
@@ -28,13 +31,49 @@ __all__ = ["AsyncStream", "open_stream"]
 class _Protocol(asyncio.Protocol):
     def __init__(self, label: str) -> None:
         self.label = label
+        self.loop = asyncio.get_running_loop()
         self.data: list[bytes] = []
         self.closed: str | None = None
         """Why the connection is unusable, once it is."""
         self.waiter: asyncio.Future[None] | None = None
+        self.deadline = math.inf
+        """When the current read (``waiter``) times out (monotonic)."""
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
+        """When ``timer`` fires (monotonic): never later than the current read's deadline."""
         self.writable: asyncio.Future[None] | None = None
         """Set while the transport's write buffer is full (``pause_writing``)."""
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.lost: asyncio.Future[None] = self.loop.create_future()
+
+    def wait(self, deadline: float) -> asyncio.Future[None]:
+        """A future of this read's own (cancelling it harms nobody), failed with a timeout at ``deadline``."""
+        waiter = self.waiter = self.loop.create_future()
+        self.deadline = deadline
+        if deadline < self.timer_at:  # a timer that fires too late (or none): one that fires in time
+            self._arm(deadline)
+        return waiter
+
+    def _arm(self, at: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer, self.timer_at = None, at
+        if at != math.inf:
+            # on the loop's clock (which need not be time.monotonic), at least 1 ms on: a read never
+            # times out before it waited a little, as a read whose deadline already passed would
+            self.timer = self.loop.call_later(max(0.001, at - time.monotonic()), self._due)
+
+    def _due(self) -> None:
+        self.timer, self.timer_at = None, math.inf
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # nobody reading: the next read arms a timer of its own
+        if time.monotonic() < self.deadline:
+            self._arm(self.deadline)  # armed for an earlier read: this one has time left
+            return
+        waiter.set_exception(RedisTimeoutError(f"Timeout reading from redis {self.label}"))
+
+    def disarm(self) -> None:
+        self._arm(math.inf)
 
     def data_received(self, data: bytes) -> None:
         self.data.append(data)
@@ -48,6 +87,7 @@ class _Protocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         why = f"Error while reading from redis {self.label}: {exc}" if exc else f"Connection to redis {self.label} lost"
         self.closed = self.closed or why
+        self.disarm()
         _wake(self.waiter)
         _wake(self.writable)
         _wake(self.lost)
@@ -115,19 +155,13 @@ class AsyncStream:
         ``math.inf``: for ever)."""
         protocol = self._protocol
         if not protocol.data and protocol.closed is None:
-            timeout = self._timeout if deadline is None else deadline - time.monotonic()
-            loop = asyncio.get_running_loop()
-            waiter = protocol.waiter = loop.create_future()  # this call's own: cancelling it harms nobody
-            handle = None
-            if timeout != math.inf:
-                error = RedisTimeoutError(f"Timeout reading from redis {self._label}")
-                handle = loop.call_later(max(0.001, timeout), _expire, waiter, error)
+            if deadline is None:
+                deadline = time.monotonic() + self._timeout
+            waiter = protocol.wait(deadline)
             try:
                 await waiter
             finally:
                 protocol.waiter = None
-                if handle is not None:
-                    handle.cancel()
         if protocol.data:
             chunks = protocol.data
             data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
