@@ -175,35 +175,15 @@ class FileDriver:
     def _path(self, name: str) -> Path:
         return self.directory / f"{hashlib.sha256(name.encode('utf-8')).hexdigest()}.lock"
 
-    @contextlib.contextmanager
-    def _locked(self, name: str) -> Iterator[tuple[_Record, float]]:
+    def _locked(self, name: str) -> contextlib.AbstractContextManager[tuple[_Record, float]]:
         """Hold the name's flock; yield its record and the monotonic now; write it back if changed."""
-        path = self._path(name)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot open lock file {path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            now = time.monotonic()
-            try:
-                seq, raw = file_record.read(fd)
-                record = self._decode(name, raw, now)
-            except (file_record.CorruptRecord, ValueError, KeyError, TypeError) as exc:
-                raise BackendUnavailable(
-                    f"lock file {path} is corrupt ({exc}); delete it to reset this lock (its fencing counter restarts)"
-                ) from None
-            except OSError as exc:
-                raise BackendUnavailable(f"cannot read lock file {path}: {exc.strerror}") from None
-            yield record, now
-            updated = self._encode(name, record)
-            if updated != raw:
-                try:
-                    file_record.write(fd, seq, updated, self._options.fsync)
-                except OSError as exc:
-                    raise BackendUnavailable(f"cannot write lock file {path}: {exc.strerror}") from None
-        finally:
-            os.close(fd)  # closing drops the flock
+        return file_record.flocked(
+            str(self._path(name)),
+            "lock file",
+            lambda raw, now: self._decode(name, raw, now),
+            lambda record: self._encode(name, record),
+            self._options.fsync,
+        )
 
     def _decode(self, name: str, raw: dict[str, Any] | None, now: float) -> _Record:
         if raw is None:

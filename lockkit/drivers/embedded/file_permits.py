@@ -20,11 +20,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import os
 import socket
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...driver import Cancel, Grant, PermitInfo, PermitMode, RenewRequest
@@ -33,7 +31,7 @@ from . import file_record, file_wakeup
 from .permits import PermitTable
 
 if sys.platform != "win32":
-    import fcntl
+    pass
 
 if TYPE_CHECKING:
     from .file import FileDriver
@@ -62,40 +60,21 @@ class FilePermits:
     def _path(self, name: str) -> str:
         return str(self._driver.directory / f"{hashlib.sha256(name.encode('utf-8')).hexdigest()}.sem")
 
-    @contextlib.contextmanager
-    def _locked(self, name: str) -> Iterator[tuple[_Record, float]]:
+    def _locked(self, name: str) -> contextlib.AbstractContextManager[tuple[_Record, float]]:
         path = self._path(name)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot open semaphore file {path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            now = time.monotonic()
-            try:
-                seq, raw = file_record.read(fd)
-                record = self._decode(name, raw, path)
-            except (file_record.CorruptRecord, ValueError, KeyError, TypeError) as exc:
-                raise BackendUnavailable(
-                    f"semaphore file {path} is corrupt ({exc}); delete it to reset it (its fencing counter restarts)"
-                ) from None
-            except OSError as exc:
-                raise BackendUnavailable(f"cannot read semaphore file {path}: {exc.strerror}") from None
-            yield record, now
-            updated = {
+        return file_record.flocked(
+            path,
+            "semaphore file",
+            lambda raw, _now: self._decode(name, raw, path),
+            lambda record: {
                 "name": name,
                 "host": self._id.host,
                 "boot": self._id.boot,
                 **record.table.encode(),
                 "waiters": record.waiters,
-            }
-            if updated != raw:
-                try:
-                    file_record.write(fd, seq, updated, self._driver._options.fsync)
-                except (OSError, ValueError) as exc:
-                    raise BackendUnavailable(f"cannot write semaphore file {path}: {exc}") from None
-        finally:
-            os.close(fd)
+            },
+            self._driver._options.fsync,
+        )
 
     def _decode(self, name: str, raw: dict[str, Any] | None, path: str) -> _Record:
         if raw is None:

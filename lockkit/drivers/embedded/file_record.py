@@ -13,11 +13,19 @@ the slot being written, so the previous record survives intact. The caller holds
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import struct
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from ...errors import BackendUnavailable
+
+R = TypeVar("R")
 
 SLOT = 65536
 _HEADER = struct.Struct(">4sQI32s")
@@ -63,3 +71,46 @@ def write(fd: int, seq: int, record: dict[str, Any], durable: bool) -> None:
     os.pwrite(fd, header + payload, (nxt % 2) * SLOT)
     if durable:
         os.fsync(fd)
+
+
+@contextlib.contextmanager
+def flocked(
+    path: str,
+    what: str,
+    decode: Callable[[dict[str, Any] | None, float], R],
+    encode: Callable[[R], dict[str, Any]],
+    durable: bool,
+) -> Iterator[tuple[R, float]]:
+    """Hold ``path``'s flock; yield its decoded record and the monotonic now; write it back if it changed.
+
+    The one read-modify-write of a ``file://`` record, for locks and permits alike. ``what`` names the file in
+    errors ("lock file", "semaphore file"); a record that cannot be read back is reported as corrupt with the
+    way out (delete the file; its fencing counter restarts).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot open {what} {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        now = time.monotonic()
+        try:
+            seq, raw = read(fd)
+            record = decode(raw, now)
+        except (CorruptRecord, ValueError, KeyError, TypeError) as exc:
+            raise BackendUnavailable(
+                f"{what} {path} is corrupt ({exc}); delete it to reset it (its fencing counter restarts)"
+            ) from None
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot read {what} {path}: {exc.strerror}") from None
+        yield record, now
+        updated = encode(record)
+        if updated != raw:
+            try:
+                write(fd, seq, updated, durable)
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot write {what} {path}: {exc.strerror}") from None
+            except ValueError as exc:  # the record outgrew its slot
+                raise BackendUnavailable(f"cannot write {what} {path}: {exc}") from None
+    finally:
+        os.close(fd)  # closing drops the flock

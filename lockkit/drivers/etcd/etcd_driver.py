@@ -57,7 +57,6 @@ Blocking client only: asyncio goes through :mod:`lockkit.offload`.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -70,7 +69,7 @@ from .client import EtcdClient, cmp_created, delete_op, range_op, rpc
 from .config import EtcdOptions, open_client
 from .keys import name_range
 from .presence import PresenceRecords
-from .session import Held, Session, Sessions
+from .session import Held, Sessions
 from .waiter import Queue, State, Waiter
 from .watch import Watcher
 
@@ -152,30 +151,10 @@ class EtcdDriver:
         return self._renew(requests, reuse=0.2)
 
     def _renew(self, requests: Sequence[RenewRequest], reuse: float) -> list[Grant | Exception | None]:
-        results: list[Grant | Exception | None] = [None] * len(requests)
-        groups: dict[int, tuple[Session, list[tuple[int, Held]]]] = {}
         with self._mutex:
-            for i, request in enumerate(requests):
-                held = self._held.get(request.token)
-                if held is not None and held.name == request.name:
-                    groups.setdefault(id(held.session), (held.session, []))[1].append((i, held))
-        for session, items in groups.values():
-            sent_at = self._clock()
-            try:
-                if not self._sessions.refresh(session, session.ttl * reuse):
-                    continue
-                sent_at = min(sent_at, session.refreshed_at)
-                alive = self._sessions.alive(session, [h for _, h in items])
-            except BackendUnavailable as exc:
-                for i, _ in items:
-                    results[i] = exc
-                continue
-            for (i, held), ok in zip(items, alive, strict=True):
-                results[i] = Grant(held.revision, float(session.ttl), sent_at) if ok else None
-        if self._sessions.has_orphans:
-            with contextlib.suppress(BackendUnavailable):
-                self._sessions.sweep()
-        return results
+            held = [self._held.get(r.token) for r in requests]
+        return self._sessions.renew_held([h if h is not None and h.name == r.name else None
+                                          for h, r in zip(held, requests, strict=True)], reuse)  # fmt: skip
 
     def _delete_if(self, key: bytes, revision: int) -> bool:
         reply = self._client.txn(

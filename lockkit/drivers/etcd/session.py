@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ...driver import LeaseEvents
+from ...driver import Grant, LeaseEvents
 from ...errors import BackendUnavailable
 from ...timing import Clock, lease_deadline
 from .client import EtcdClient, cmp_created, delete_op, range_op, rpc
@@ -172,6 +172,36 @@ class Sessions:
         finally:
             with self._mutex:
                 session.waiters -= 1
+
+    def renew_held(self, held: Sequence[Held | None], reuse: float) -> list[Grant | Exception | None]:
+        """Renew these held keys (``None``: not ours any more), one keepalive and one existence check per lease.
+
+        The one renewal of the driver's locks and permits alike: a lease's keepalive is reused if sent within
+        ``reuse`` × its TTL, and every key's validity counts from that keepalive's send; a key gone from the
+        server is ``None``, an unreachable etcd the error for each of that lease's keys. Orphans are swept after.
+        """
+        results: list[Grant | Exception | None] = [None] * len(held)
+        groups: dict[int, tuple[Session, list[tuple[int, Held]]]] = {}
+        for i, item in enumerate(held):
+            if item is not None:
+                groups.setdefault(id(item.session), (item.session, []))[1].append((i, item))
+        for session, items in groups.values():
+            sent_at = self._clock()
+            try:
+                if not self.refresh(session, session.ttl * reuse):
+                    continue
+                sent_at = min(sent_at, session.refreshed_at)
+                alive = self.alive(session, [h for _, h in items])
+            except BackendUnavailable as exc:
+                for i, _ in items:
+                    results[i] = exc
+                continue
+            for (i, item), ok in zip(items, alive, strict=True):
+                results[i] = Grant(item.revision, float(session.ttl), sent_at) if ok else None
+        if self.has_orphans:
+            with contextlib.suppress(BackendUnavailable):
+                self.sweep()
+        return results
 
     def alive(self, session: Session, held: Sequence[Held]) -> list[bool]:
         """Which of these keys on ``session``'s lease still exist: one round trip however many there are.
