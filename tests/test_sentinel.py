@@ -244,11 +244,13 @@ def test_async_holder_follows_and_tokens_stay_monotonic(fresh_sentinel: Sentinel
 async def _acquire_once_a_replica_acknowledges(lock: lockkit.AsyncLock, within: float = FOLLOW) -> lockkit.Lease:
     """A min_replicas=1 acquire, tried again while it is (rightly) refused for want of a replica's WAIT
     acknowledgement: even after a replica shows "online", the sentinels may reconfigure it once more, and for
-    that moment no replica acknowledges (seen 1 run in 4 on a loaded machine)."""
+    that moment no replica acknowledges (seen 1 run in 4 on a loaded machine). Its timeout is above the
+    lock's ttl: under load the sentinels may fail over once more, to a replica that had the refused grant but
+    not its release, and that key lives out its ttl (asynchronous replication, as documented)."""
     deadline = time.monotonic() + within
     while True:
         try:
-            return await lock.acquire(timeout=5)
+            return await lock.acquire(timeout=within)
         except lockkit.BackendUnavailable as exc:
             if "min_replicas" not in str(exc) or time.monotonic() > deadline:
                 raise
