@@ -1,8 +1,10 @@
 """A holder process for the model-based test (:mod:`lockkit.testing.model`): ``python -m`` this module.
 
-The parent passes one JSON argument ``{"url", "name", "ttl", "auto_renew", "timeout", "face", "period"}``.
-The child connects, acquires ``name`` and reports on stdout, one line per event, every time on the
-system-wide ``time.monotonic()`` clock that the parent shares (Linux ``CLOCK_MONOTONIC``)::
+The parent passes one JSON argument ``{"url", "name", "ttl", "auto_renew", "timeout", "face", "period"}``,
+optionally with ``"mode"`` (``lock``, the default; ``permit`` of a semaphore of ``"limit"``; ``read`` or
+``write``, a side of a reader-writer lock). The child connects, acquires ``name`` and reports on stdout, one
+line per event, every time on the system-wide ``time.monotonic()`` clock that the parent shares (Linux
+``CLOCK_MONOTONIC``)::
 
     ready <t>                                         connected, about to acquire
     acq <t_call> <t_ret> <fence> <ttl> <hint> <exp>   acquired (``t_call`` read just before the call)
@@ -69,9 +71,21 @@ def _command(timeout: float) -> str | None:
     return line.strip() or "exit"  # EOF: the parent went away
 
 
+def _handle(locks: Any, cfg: dict[str, Any]) -> Any:
+    """The handle the parent asked for, on either face's locker (the methods are the same)."""
+    options = {"ttl": cfg["ttl"], "auto_renew": cfg["auto_renew"], "on_lost": _on_lost}
+    mode = cfg.get("mode", "lock")
+    if mode == "permit":
+        return locks.semaphore(cfg["name"], int(cfg["limit"]), **options)
+    if mode in ("read", "write"):
+        rw = locks.rwlock(cfg["name"], **options)
+        return rw.write() if mode == "write" else rw.read()
+    return locks.lock(cfg["name"], **options)
+
+
 def _run_sync(cfg: dict[str, Any]) -> None:
     with lockkit.connect(cfg["url"]) as locks:
-        lock = locks.lock(cfg["name"], ttl=cfg["ttl"], auto_renew=cfg["auto_renew"], on_lost=_on_lost)
+        lock = _handle(locks, cfg)
         _say("ready", repr(time.monotonic()))
         t_call = time.monotonic()
         try:
@@ -103,7 +117,7 @@ def _say_released(error: lockkit.LockError | None) -> None:
 
 async def _run_async(cfg: dict[str, Any]) -> None:
     async with lockkit.connect_async(cfg["url"]) as locks:
-        lock = locks.lock(cfg["name"], ttl=cfg["ttl"], auto_renew=cfg["auto_renew"], on_lost=_on_lost)
+        lock = _handle(locks, cfg)
         _say("ready", repr(time.monotonic()))
         t_call = time.monotonic()
         try:

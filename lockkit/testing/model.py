@@ -105,6 +105,8 @@ class ModelTarget:
     """Whether holders may live in child processes (not for memory://)."""
     session_ttl: float = 0.0
     """The longest ttl a lock can really live by (ZooKeeper's session timeout); 0: the lock's own ttl."""
+    permits: bool = False
+    """The example's names are semaphores (of a limit drawn per name) and reader-writer locks, not locks."""
 
     @property
     def ttl_left_tolerance(self) -> float | None:
@@ -186,6 +188,8 @@ class Rec:
     max_ttl: float
     lease: Lease | None = None
     lost: LostLog | None = None
+    mode: str = "lock"
+    """``lock``, or a permit's mode: ``permit`` (a semaphore's), ``read`` or ``write``."""
     first_valid: float | None = None
     last_valid: float | None = None
     released_at: float | None = None
@@ -201,7 +205,8 @@ class Rec:
             self.last_valid = t
 
     def describe(self) -> str:
-        return f"{self.who}:{self.name[-1]}#{self.fence}<{self.hint}>"
+        side = "" if self.mode == "lock" else f"/{self.mode}"
+        return f"{self.who}:{self.name[-1]}{side}#{self.fence}<{self.hint}>"
 
 
 class Child:
@@ -270,6 +275,7 @@ class Child:
                 t_ret,
                 self.cfg["auto_renew"],
                 max(ttl, float(self.cfg["ttl"])),
+                mode=self.cfg.get("mode", "lock"),
             )
         elif kind == "timeout":
             self.timed_out = True
@@ -395,7 +401,13 @@ class LockModel(RuleBasedStateMachine):
         self.clients: list[Client] = []
         self.names: list[str] = []
         self.recs: list[Rec] = []
-        self.slots: dict[tuple[int, int], Handle] = {}
+        self.slots: dict[tuple[int, int, int], Handle] = {}
+        """(client, name, hand) → the handle: a client may hold two permits of one name (two handles)."""
+        self.specs: list[tuple[str, int]] = []
+        """Per name: ``("lock", 1)``, ``("semaphore", limit)`` or ``("rwlock", 0)``."""
+        self.phantoms: list[tuple[str, float]] = []
+        """(name, when) of permit acquires that may have been granted unseen (cancelled, or raised while the
+        server restarted): the server may count one more holder of the name for the longest ttl from then."""
         self.children: list[Child] = []
         self.unknown: dict[tuple[str, str], float] = {}
         self.workdir = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -413,9 +425,13 @@ class LockModel(RuleBasedStateMachine):
         names=st.integers(1, 2),
         ttl=st.sampled_from(ACQUIRE_TTLS),
         auto_renew=st.booleans(),
+        kinds=st.tuples(st.integers(0, 3), st.integers(0, 3)),
     )
-    def open(self, clients: int, names: int, ttl: float, auto_renew: bool) -> None:
-        """Open the clients; the first one takes the first name, so that every example starts contended."""
+    def open(self, clients: int, names: int, ttl: float, auto_renew: bool, kinds: tuple[int, int]) -> None:
+        """Open the clients; the first one takes the first name, so that every example starts contended.
+
+        On a permits target each name is a semaphore of limit ``kinds[i]`` (1 to 3) or, for 0, a reader-writer
+        lock; the limit is the name's for the whole example, as every holder of a name must agree on it."""
         target = self.target
         self.own_dir = Path(tempfile.mkdtemp(prefix="lockkit-model-"))
         self.workdir = self.own_dir
@@ -427,10 +443,15 @@ class LockModel(RuleBasedStateMachine):
         self.session_lifetime = guarantees.lifetime == "session"
         tag = uuid.uuid4().hex[:12]
         self.names = [f"model-{tag}-{i}" for i in range(names)]
+        if target.permits:
+            self.specs = [("rwlock", 0) if k == 0 else ("semaphore", k) for k in kinds[:names]]
+        else:
+            self.specs = [("lock", 1)] * names
         self.clients = [Client(f"c{i}", self.url, self.loop) for i in range(clients)]
         self.ready = True
-        self.note(f"open {self.url} clients={clients} names={names}")
-        self.acquire(0, 0, "timeout", 5.0, ttl, auto_renew)
+        shown = " ".join(f"{kind}({limit})" if kind == "semaphore" else kind for kind, limit in self.specs)
+        self.note(f"open {self.url} clients={clients} names={names}: {shown}")
+        self.acquire(0, 0, "timeout", 5.0, ttl, auto_renew, False, 0)
 
     def teardown(self) -> None:
         if os.environ.get("LOCKKIT_MODEL_TRACE"):
@@ -495,10 +516,30 @@ class LockModel(RuleBasedStateMachine):
                 self.fail(f"{client.who}: unexpected BackendUnavailable with healthy servers: {exc}")
             raise
 
-    def lock(self, client: Client, name: str, ttl: float, auto_renew: bool, lost: LostLog, **kw: Any) -> Any:
-        return client.locker.lock(name, ttl=ttl, auto_renew=auto_renew, on_lost=lost, **kw)
+    def mode(self, name: int, write: bool) -> str:
+        """What a handle on name ``name`` takes: ``lock``, ``permit``, or (``write`` picks) ``read``/``write``."""
+        kind = self.specs[name % len(self.specs)][0]
+        if kind == "rwlock":
+            return "write" if write else "read"
+        return "permit" if kind == "semaphore" else "lock"
 
-    def granted(self, who: str, name: str, lease: Lease, lost: LostLog, t_call: float, ttl: float) -> Rec:
+    def lock(
+        self, client: Client, name: int, write: bool, ttl: float, auto_renew: bool, lost: LostLog, **kw: Any
+    ) -> Any:
+        """A new handle of ``client`` on name index ``name``: a Lock, a semaphore permit, or one rwlock side."""
+        ni, n = self.name(name)
+        kind, limit = self.specs[ni]
+        options: dict[str, Any] = {"ttl": ttl, "auto_renew": auto_renew, "on_lost": lost, **kw}
+        if kind == "semaphore":
+            return client.locker.semaphore(n, limit, **options)
+        if kind == "rwlock":
+            rw = client.locker.rwlock(n, **options)
+            return rw.write() if write else rw.read()
+        return client.locker.lock(n, **options)
+
+    def granted(
+        self, who: str, name: str, lease: Lease, lost: LostLog, t_call: float, ttl: float, mode: str = "lock"
+    ) -> Rec:
         t_ret = self.now()
         rec = Rec(
             who,
@@ -511,6 +552,7 @@ class LockModel(RuleBasedStateMachine):
             max_ttl=max(ttl, lease.ttl),
             lease=lease,
             lost=lost,
+            mode=mode,
         )
         t = self.now()
         rec.observe(t, lease.valid)
@@ -541,11 +583,18 @@ class LockModel(RuleBasedStateMachine):
         wait=st.sampled_from(WAITS),
         ttl=st.sampled_from(ACQUIRE_TTLS),
         auto_renew=st.booleans(),
+        write=st.booleans(),
+        hand=st.integers(0, 1),
     )
-    def acquire(self, client: int, name: int, how: str, wait: float, ttl: float, auto_renew: bool) -> None:
+    def acquire(
+        self, client: int, name: int, how: str, wait: float, ttl: float, auto_renew: bool, write: bool, hand: int
+    ) -> None:
+        """``write`` picks the side of a reader-writer lock; ``hand`` one of a client's two permit handles."""
         ci, c = self.client(client)
         ni, n = self.name(name)
-        current = self.slots.get((ci, ni))
+        mode = self.mode(ni, write)
+        key = (ci, ni, hand if mode != "lock" else 0)
+        current = self.slots.get(key)
         if current is not None and current.lock.owned():
             try:
                 self.call(c, lambda: current.lock.acquire(timeout=0))
@@ -555,7 +604,7 @@ class LockModel(RuleBasedStateMachine):
                 return
             self.fail(f"{c.who}: a Lock that holds {n!r} acquired it again")
         lost = LostLog()
-        lock = self.lock(c, n, ttl, auto_renew, lost, timeout=wait if how == "lock-timeout" else None)
+        lock = self.lock(c, ni, write, ttl, auto_renew, lost, timeout=wait if how == "lock-timeout" else None)
         t_call = self.now()
         try:
             if how == "try":
@@ -568,23 +617,24 @@ class LockModel(RuleBasedStateMachine):
             lease = None
         except BackendUnavailable:
             self.note(f"{c.who} acquire {n[-1]}: BackendUnavailable")
+            self.phantoms.append((n, self.now()))
             return
         took = self.now() - t_call
         if lease is None:
-            self.note(f"{c.who} acquire {n[-1]} ({how}): not free after {took:.3f}s")
+            self.note(f"{c.who} acquire {n[-1]} {mode} ({how}): not free after {took:.3f}s")
             if how != "try" and took < wait - 0.01:
                 self.fail(f"{c.who}: acquire(timeout={wait}) gave up after only {took:.3f} s")
             return
-        rec = self.granted(c.who, n, lease, lost, t_call, ttl)
+        rec = self.granted(c.who, n, lease, lost, t_call, ttl, mode)
         rec.auto_renew = auto_renew
-        self.slots[(ci, ni)] = Handle(lock, rec)
+        self.slots[key] = Handle(lock, rec)
 
     @rule(which=st.integers(0, 3))
     def release(self, which: int) -> None:
         found = self.held(which)
         if found is None:
             c = self.clients[0]
-            lock = c.locker.lock(self.names[0], ttl=1.0)
+            lock = self.lock(c, 0, which % 2 == 1, 1.0, True, LostLog())
             try:
                 self.call(c, lock.release)
             except LockNotOwned:
@@ -631,7 +681,7 @@ class LockModel(RuleBasedStateMachine):
         found = self.held(which)
         if found is None:
             c = self.clients[0]
-            lock = c.locker.lock(self.names[0], ttl=1.0)
+            lock = self.lock(c, 0, which % 2 == 1, 1.0, True, LostLog())
             try:
                 self.call(c, lambda: lock.renew(None if factor is None else 1.0))
             except LockNotOwned:
@@ -739,7 +789,10 @@ class LockModel(RuleBasedStateMachine):
         self.check_losses()
         if not self.restarting:
             for name in self.names:
-                self.check_server(name)
+                if self.target.permits:
+                    self.check_permit_server(name)
+                else:
+                    self.check_server(name)
 
     def check_child(self, child: Child) -> None:
         if child.errors:
@@ -757,6 +810,9 @@ class LockModel(RuleBasedStateMachine):
 
     def check_exclusion(self) -> None:
         recs = [r for r in self.all_recs() if r.first_valid is not None and r.last_valid is not None]
+        if self.target.permits:
+            self.check_permit_exclusion(recs)
+            return
         for i, a in enumerate(recs):
             for b in recs[i + 1 :]:
                 if a.name != b.name:
@@ -769,6 +825,47 @@ class LockModel(RuleBasedStateMachine):
                         f"[{a.first_valid - self.t0:.3f}, {a.last_valid - self.t0:.3f}] and {b.describe()} valid "
                         f"[{b.first_valid - self.t0:.3f}, {b.last_valid - self.t0:.3f}]"
                     )
+
+    @staticmethod
+    def span(rec: Rec) -> tuple[float, float]:
+        assert rec.first_valid is not None and rec.last_valid is not None
+        return rec.first_valid, rec.last_valid
+
+    def check_permit_exclusion(self, recs: list[Rec]) -> None:
+        """At no instant more valid permits than the limit; a valid writer's lease is its rwlock's only one.
+
+        Sampled validity intervals are inside the true ones, so overlapping samples are a real overlap; on a
+        line, intervals that pairwise overlap share a point, so the sweep's maximum is a count at one instant.
+        """
+        for ni, name in enumerate(self.names):
+            kind, limit = self.specs[ni]
+            mine = [r for r in recs if r.name == name]
+            if kind == "semaphore":
+                edges = sorted([(self.span(r)[0], 0, r) for r in mine] + [(self.span(r)[1], 1, r) for r in mine],
+                               key=lambda e: (e[0], e[1]))
+                live: list[Rec] = []
+                for t, end, rec in edges:
+                    if end:
+                        live.remove(rec)
+                        continue
+                    live.append(rec)
+                    if len(live) > limit:
+                        shown = ", ".join(
+                            f"{r.describe()} [{self.span(r)[0] - self.t0:.3f}, {self.span(r)[1] - self.t0:.3f}]"
+                            for r in live
+                        )
+                        at = t - self.t0
+                        self.fail(f"{len(live)} valid permits of {name!r} (limit {limit}) at {at:.3f}: {shown}")
+                continue
+            for writer in (r for r in mine if r.mode == "write"):
+                w0, w1 = self.span(writer)
+                for other in mine:
+                    o0, o1 = self.span(other)
+                    if other is not writer and w0 <= o1 and o0 <= w1:
+                        self.fail(
+                            f"a valid writer shares {name!r}: {writer.describe()} valid [{w0 - self.t0:.3f}, "
+                            f"{w1 - self.t0:.3f}] and {other.describe()} valid [{o0 - self.t0:.3f}, {o1 - self.t0:.3f}]"
+                        )
 
     def check_losses(self) -> None:
         for rec in self.recs:
@@ -857,6 +954,70 @@ class LockModel(RuleBasedStateMachine):
             )
 
 
+    def check_permit_server(self, name: str) -> None:
+        """What ``permit_holders`` shows (counts, not tokens) agrees with the model's leases.
+
+        A lease still valid after the answer was valid while the server answered, so the server counts at
+        least those (and a writer, alone); it counts at most the leases it may still hold by their bounds
+        (:meth:`hold_bound`) plus the acquires the model may not have seen granted; never more than the limit;
+        its last fencing token is at least every grant's."""
+        assert self.observer is not None
+        ni = self.names.index(name)
+        kind, limit = self.specs[ni]
+        t1 = self.now()
+        try:
+            info = self.observer.permit_holders(name)
+        except BackendUnavailable as exc:
+            if self.target.restart is None:
+                self.fail(f"permit_holders({name!r}) raised BackendUnavailable with healthy servers: {exc}")
+            return
+        t2 = self.now()
+        for child in self.children:
+            child.read()
+        recs = [r for r in self.all_recs() if r.name == name]
+        valid = [r for r in recs if (r.lease.valid if r.lease is not None else (r.last_valid or 0.0) >= t2)]
+        shown = (
+            f"{name!r} ({kind}): the server counts {info.holders} holder(s) (writer={info.writer}, "
+            f"limit={info.limit})"
+        )
+        if info.limit is not None and info.limit != limit:
+            self.fail(f"{shown}, but every handle of the model uses limit {limit}")
+        if kind == "semaphore" and info.holders > limit:
+            self.fail(f"{shown}: more than the limit")
+        if kind == "rwlock" and info.writer and info.holders != 1:
+            self.fail(f"{shown}: a writer is not alone")
+        if len(valid) > info.holders:
+            self.fail(f"{shown} while {len(valid)} lease(s) said valid: {', '.join(r.describe() for r in valid)}")
+        if kind == "rwlock":
+            writers = [r for r in valid if r.mode == "write"]
+            readers = [r for r in valid if r.mode == "read"]
+            if writers and not info.writer:
+                self.fail(f"{shown} while writer {writers[0].describe()} said valid")
+            if readers and info.writer:
+                self.fail(f"{shown} while reader {readers[0].describe()} said valid")
+        granted = [r.fence for r in recs]
+        if self.strict and granted and info.fencing_token is not None and info.fencing_token < max(granted):
+            self.fail(f"{shown}: its last fencing token {info.fencing_token} is below a grant's {max(granted)}")
+        longest = max([*ACQUIRE_TTLS, *[r.max_ttl for r in self.all_recs()], self.target.session_ttl])
+        may_hold = []
+        for rec in recs:
+            bound = self.hold_bound(rec, t1)
+            if bound is None or t1 <= bound[0]:
+                may_hold.append(rec)
+        unseen = [at for n, at in self.phantoms if n == name and t1 <= at + longest + HOLD_SLACK]
+        if info.holders > len(may_hold) + len(unseen):
+            gone = [
+                f"{r.describe()} ({bound[1]}, free by {bound[0] - self.t0:.3f})"
+                for r in recs
+                if r not in may_hold and (bound := self.hold_bound(r, t1)) is not None
+            ]
+            self.fail(
+                f"{shown} at {t1 - self.t0:.3f}, but at most {len(may_hold)} lease(s) may still be held "
+                f"({', '.join(r.describe() for r in may_hold) or 'none'}) and {len(unseen)} unseen acquire(s); "
+                f"no longer held: {', '.join(gone) or 'none'}"
+            )
+
+
 class AsyncRules(LockModel):
     """Cancellation at a random await point (the asyncio face only)."""
 
@@ -867,8 +1028,11 @@ class AsyncRules(LockModel):
         spins=st.integers(0, 3),
         delay=st.sampled_from([0.0, 0.0005, 0.003, 0.02]),
         factor=st.sampled_from(RENEW_FACTORS),
+        write=st.booleans(),
     )
-    def cancel(self, client: int, name: int, op: str, spins: int, delay: float, factor: float | None) -> None:
+    def cancel(
+        self, client: int, name: int, op: str, spins: int, delay: float, factor: float | None, write: bool
+    ) -> None:
         ci, c = self.client(client)
         ni, n = self.name(name)
         loop = self.loop
@@ -876,8 +1040,9 @@ class AsyncRules(LockModel):
         lost = LostLog()
         rec: Rec | None = None
         ttl = 2.0 if factor is None else factor * 2.0
+        mode = self.mode(ni, write)
         if op == "acquire":
-            lock = self.lock(c, n, ttl, True, lost)
+            lock = self.lock(c, ni, write, ttl, True, lost)
             make: Callable[[], Awaitable[Any]] = lambda: lock.acquire(timeout=3.0)  # noqa: E731
         else:
             found = self.held(client + 2 * name)
@@ -921,9 +1086,11 @@ class AsyncRules(LockModel):
         self.note(f"{c.who} cancel {op} {what} ({spins} spins, {delay}s): {outcome}, {began}")
         if op == "acquire":
             if outcome == "done" and value is not None:
-                new = self.granted(c.who, n, value, lost, t_call, ttl)
+                new = self.granted(c.who, n, value, lost, t_call, ttl, mode)
                 new.auto_renew = True
-                self.slots[(ci, ni)] = Handle(lock, new)
+                self.slots[(ci, ni, 0)] = Handle(lock, new)
+            elif started:
+                self.phantoms.append((n, self.now()))
             return
         assert rec is not None and rec.lease is not None
         lease = rec.lease
@@ -963,11 +1130,12 @@ class ChildRules(LockModel):
         ttl=st.sampled_from(ACQUIRE_TTLS),
         auto_renew=st.booleans(),
         timeout=st.sampled_from([0.0, 1.0]),
+        write=st.booleans(),
     )
-    def spawn_holder(self, name: int, ttl: float, auto_renew: bool, timeout: float) -> None:
+    def spawn_holder(self, name: int, ttl: float, auto_renew: bool, timeout: float, write: bool) -> None:
         if sum(c.alive for c in self.children) >= 2:
             return
-        _, n = self.name(name)
+        ni, n = self.name(name)
         self.serial += 1
         who = f"p{self.serial}"
         cfg = {
@@ -978,6 +1146,8 @@ class ChildRules(LockModel):
             "timeout": timeout,
             "face": self.target.face,
             "period": CHILD_PERIOD,
+            "mode": self.mode(ni, write),
+            "limit": self.specs[ni][1],
         }
         child = Child(who, cfg, self.workdir)
         self.children.append(child)
@@ -1008,7 +1178,7 @@ class ChildRules(LockModel):
         try:
             time.sleep(pause)
             if contend:
-                self.acquire(0, self.names.index(rec.name), "try", 0.0, 2.0, True)
+                self.acquire(0, self.names.index(rec.name), "try", 0.0, 2.0, True, True, 1)
         finally:
             child.signal(signal.SIGCONT)
             child.paused_at = None
@@ -1042,6 +1212,26 @@ class ChildRules(LockModel):
             child.rec.ended_at = self.now()
 
 
+class PermitRules(LockModel):
+    """A rush for one name (permits targets only): every handle that holds nothing of it tries at once, so
+    that a semaphore is asked for more permits than its limit, and readers and writers meet, within a step."""
+
+    @rule(
+        name=st.integers(0, 1),
+        sides=st.lists(st.booleans(), min_size=6, max_size=6),
+        ttl=st.sampled_from(ACQUIRE_TTLS),
+        auto_renew=st.booleans(),
+    )
+    def crowd(self, name: int, sides: list[bool], ttl: float, auto_renew: bool) -> None:
+        ni, n = self.name(name)
+        self.note(f"crowd {n[-1]}")
+        for i, write in enumerate(sides):
+            ci, hand = i % len(self.clients), i // len(self.clients) % 2
+            current = self.slots.get((ci, ni, hand))
+            if current is None or not current.lock.owned():
+                self.acquire(ci, ni, "try", 0.0, ttl, auto_renew, write, hand)
+
+
 class RestartRules(LockModel):
     """Restart the server (keeping its data) between any two steps."""
 
@@ -1065,9 +1255,12 @@ def machine_for(target: ModelTarget) -> type[LockModel]:
         bases.append(AsyncRules)
     if target.children and target.kind != "memory":
         bases.append(ChildRules)
+    if target.permits:
+        bases.append(PermitRules)
     if target.restart is not None:
         bases.append(RestartRules)
-    name = f"Model_{target.kind}_{target.face}{'_restart' if target.restart else ''}"
+    name = f"Model_{target.kind}_{target.face}{'_permits' if target.permits else ''}"
+    name += "_restart" if target.restart else ""
     machine: type[LockModel] = type(name, (*bases, LockModel) if bases else (LockModel,), {"target": target})
     return machine
 
