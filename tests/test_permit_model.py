@@ -32,7 +32,7 @@ from backends.servers import EtcdServer, PostgresServer, RedisServer, ZooKeeperS
 from lockkit.registry import load_factory
 from lockkit.testing._broken import entry_points_txt
 from lockkit.testing.model import ModelTarget, machine_for
-from tests.test_model import EXAMPLES, STEPS, TIMEOUT, ZK_SESSION, _bounded_shrinking, _seeded, _settings
+from tests.test_model import STEPS, TIMEOUT, ZK_SESSION, _bounded_shrinking, _seeded, _settings
 
 __all__ = ["_bounded_shrinking"]  # the shrinking cap applies here too (an autouse fixture of test_model)
 

@@ -12,6 +12,11 @@ on fresh, random lock names and drives a random sequence of API calls and faults
   pauses (SIGSTOP past their ttl, then SIGCONT), kills (SIGKILL) or lets release;
 * targets that can restart their server: restart it (keeping its data).
 
+A target with ``permits=True`` draws each name as a semaphore (of limit 1 to 3, fixed for the example) or a
+reader-writer lock, and every rule above then takes a permit or a side (``write`` picks it) instead of a lock;
+a client may hold two permits of one name (two handles), and a *crowd* rule has every free handle try one name
+at once. The checks become the permit contract's (1p, 4p, 5p below); 2, 3 and 6 stay as they are.
+
 After every step it checks, on the one ``time.monotonic()`` clock that every process of the host shares:
 
 1. **Mutual exclusion**: no two leases of one name were valid at one instant. Every lease's validity is
@@ -30,6 +35,18 @@ After every step it checks, on the one ``time.monotonic()`` clock that every pro
    the slack; nor a token no lease of the model knows (a cancelled acquire's) for longer than the longest ttl.
 6. **Cancellation**: a cancelled async ``release`` that started ends with the lease no longer valid within
    :data:`SETTLE` seconds (it completes, or the lease is given up): never half-way.
+
+For permits (``permit_holders`` shows counts, not tokens):
+
+1p. **Limit and exclusion**: never more valid permits of a semaphore than its limit at one instant (the most
+    sampled intervals that overlap at one point), and a valid writer's interval overlaps no other lease's of
+    its rwlock.
+4p. **A valid lease is held**: the server counts at least the leases still valid after it answered, flags the
+    writer among them, never shows a reader beside its writer, a writer with company, more holders than the
+    limit, another limit, or a last fencing token below a grant's.
+5p. **Nothing stays held**: it counts at most the leases it may still hold by the bounds of 5 (none after its
+    release returned) plus the acquires that may have been granted unseen (cancelled, or raised during a
+    restart) for the longest ttl.
 
 Every check fails with an ``AssertionError`` raised from one place (:meth:`LockModel.fail`), carrying the
 timeline of the example, so that Hypothesis shrinks every kind of violation as one failure.
