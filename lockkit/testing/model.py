@@ -126,6 +126,8 @@ class ModelTarget:
     """The longest ttl a lock can really live by (ZooKeeper's session timeout); 0: the lock's own ttl."""
     permits: bool = False
     """The example's names are semaphores (of a limit drawn per name) and reader-writer locks, not locks."""
+    limits: tuple[int, ...] = (0, 1, 2, 3)
+    """With ``permits``: the kinds a name is drawn from, a semaphore's limit or 0 for a reader-writer lock."""
 
     @property
     def ttl_left_tolerance(self) -> float | None:
@@ -449,8 +451,9 @@ class LockModel(RuleBasedStateMachine):
     def open(self, clients: int, names: int, ttl: float, auto_renew: bool, kinds: tuple[int, int]) -> None:
         """Open the clients; the first one takes the first name, so that every example starts contended.
 
-        On a permits target each name is a semaphore of limit ``kinds[i]`` (1 to 3) or, for 0, a reader-writer
-        lock; the limit is the name's for the whole example, as every holder of a name must agree on it."""
+        On a permits target each name is a semaphore or, for limit 0, a reader-writer lock, its limit picked by
+        ``kinds[i]`` from the target's ``limits``; the limit is the name's for the whole example, as every
+        holder of a name must agree on it."""
         target = self.target
         self.own_dir = Path(tempfile.mkdtemp(prefix="lockkit-model-"))
         self.workdir = self.own_dir
@@ -463,7 +466,8 @@ class LockModel(RuleBasedStateMachine):
         tag = uuid.uuid4().hex[:12]
         self.names = [f"model-{tag}-{i}" for i in range(names)]
         if target.permits:
-            self.specs = [("rwlock", 0) if k == 0 else ("semaphore", k) for k in kinds[:names]]
+            drawn = [target.limits[k % len(target.limits)] for k in kinds[:names]]
+            self.specs = [("rwlock", 0) if k == 0 else ("semaphore", k) for k in drawn]
         else:
             self.specs = [("lock", 1)] * names
         self.clients = [Client(f"c{i}", self.url, self.loop) for i in range(clients)]
