@@ -1031,6 +1031,12 @@ class LockModel(RuleBasedStateMachine):
             if bound is None or t1 <= bound[0]:
                 may_hold.append(rec)
         unseen = [at for n, at in self.phantoms if n == name and t1 <= at + longest + HOLD_SLACK]
+        # Between steps no acquire of the model is waiting (a timed-out or refused one has left the queue), but
+        # for the unseen ones: a waiter the server still counts would hold back the readers or permits after it.
+        queued = {"waiting writer(s)": info.waiting_writers, "waiter(s)": info.waiters or 0}
+        for what, count in queued.items():
+            if count > len(unseen):
+                self.fail(f"{shown} and {count} {what} at {t1 - self.t0:.3f}, but no acquire of the model waits")
         if info.holders > len(may_hold) + len(unseen):
             gone = [
                 f"{r.describe()} ({bound[1]}, free by {bound[0] - self.t0:.3f})"
