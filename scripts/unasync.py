@@ -162,6 +162,16 @@ HAND_WRITTEN |= {
 }
 # --- end of the PostgreSQL driver's block ---
 
+# --- PostgreSQL semaphores and reader-writer locks (issue 18): their own block ---
+RULES += [
+    (r"AsyncPostgresPermits", "PostgresPermits"),
+    (r"AsyncClientCursor", "ClientCursor"),
+]
+FILES += [
+    Pair("lockkit/drivers/postgres/_async/permits.py"),
+]
+# --- end of the PostgreSQL permits' block ---
+
 # --- the Redis Cluster driver, lockkit/drivers/redis/_async (issue 14): its own block, to keep merges easy ---
 RULES += [
     (r"AsyncClusterDriver", "ClusterDriver"),

@@ -16,7 +16,7 @@ from backends.servers import RedlockServers, ZooKeeperServer
 from lockkit.driver import Offer
 from lockkit.registry import builtin_schemes, load_factory
 
-OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds"}
+OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds", "postgresql", "postgres"}
 
 
 def _offer(scheme: str) -> Offer:

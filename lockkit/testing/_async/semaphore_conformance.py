@@ -333,7 +333,11 @@ class AsyncSemaphoreSuite:
                     handle: lockkit.AsyncPermit = locks.semaphore(name, limit=1, ttl=HOLD_TTL)
                 else:
                     handle = locks.rwlock(name, ttl=HOLD_TTL).write()
-                assert await handle.try_acquire() is None, "the frozen or dead holder still holds"
+                # A backend whose permits live as long as the holder's connection (postgresql://) frees them as
+                # soon as the kernel closes a killed holder's socket: nothing is left to see held.
+                freed_at_once = sig == signal.SIGKILL and locks.guarantees()[locks.backends()[0]].lifetime == "session"
+                if not freed_at_once:
+                    assert await handle.try_acquire() is None, "the frozen or dead holder still holds"
                 lease = await handle.acquire(timeout=SHORT_TTL * 3 + SLACK + 10)
                 assert time.monotonic() - killed <= SHORT_TTL * 3 + SLACK + 10
                 if fences(locks):
