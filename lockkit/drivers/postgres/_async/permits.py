@@ -20,6 +20,7 @@ layout is in :mod:`..permit_sql` and docs/semaphores.md ("postgresql://"); in sh
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -46,6 +47,19 @@ have been freed meanwhile). A reader or writer, and a semaphore of limit 1, wait
 at a time instead."""
 
 
+MAX_LIMIT = 1024
+"""The largest semaphore on postgresql://: a permit is one of ``limit`` advisory keys, and a full semaphore is
+tried key by key (one lock-manager call each) and named in every statement."""
+
+MIN_SERVER = 140000
+"""PostgreSQL 14: the first with ``idle_session_timeout``, which is what makes a permit's ttl real."""
+
+
+@functools.lru_cache(maxsize=256)
+def _slot_keys(namespace: str, name: str, limit: int) -> tuple[tuple[int, int], ...]:
+    return tuple(permit_key(namespace, name, f"slot:{i}") for i in range(limit))
+
+
 @dataclass(frozen=True)
 class _Keys:
     """The advisory keys of one name (see :mod:`..permit_sql`) and the parameters every statement takes."""
@@ -60,7 +74,7 @@ class _Keys:
         p1, p2 = permit_key(namespace, name, "presence")
         r1, r2 = permit_key(namespace, name, "rw")
         m1, m2 = permit_key(namespace, name, "meta")
-        slots = [permit_key(namespace, name, f"slot:{i}") for i in range(limit)]
+        slots = list(_slot_keys(namespace, name, limit))
         start = random.randrange(limit) if limit else 0  # spread the tries over the slots
         order = list(range(start, limit)) + list(range(start))
         params = {
@@ -109,6 +123,12 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         self._psql = PermitStatements(self._options.permit_table)
 
     async def _ensure_table(self, conn: Any) -> None:
+        if conn.info.server_version < MIN_SERVER:
+            raise ConfigError(
+                f"{self._shown}: semaphores and reader-writer locks need PostgreSQL 14 or later (this server is "
+                f"{conn.info.server_version}): a permit's ttl is the session's idle_session_timeout. Upgrade, or "
+                "route these names to another backend"
+            )
         cur = await conn.execute(self._sql.exists, (self._options.permit_table,))
         row = await cur.fetchone()
         if row is None or not row[0]:
@@ -163,6 +183,11 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         mode: PermitMode,
         cancel: Cancel | None = None,
     ) -> Grant | None:
+        if mode == "permit" and limit > MAX_LIMIT:
+            raise ConfigError(
+                f"a semaphore on postgresql:// has at most {MAX_LIMIT} permits (one advisory key each), got "
+                f"limit={limit}: use a smaller limit, or another backend"
+            )
         keys = _Keys.of(self._ns, name, limit if mode == "permit" else 0)
         for _ in range(GRANT_TRIES):  # the fast path: any session not holding this name
             s = await self._session_for(keys.claim)
