@@ -44,32 +44,72 @@ class PermitStatements:
             " PRIMARY KEY (namespace, name))"
         )
 
-    def join(self, mode: str) -> str:
-        """Join the name and try for a permit, in one round trip (several statements, one transaction).
-
-        Under the name's ``meta`` transaction lock: make sure the row exists; take the requested limit if nobody
-        is present; then, if the limit agrees, take ``presence`` (when ``join``), try the permit, give
-        ``presence`` back if nothing was granted and the caller will not wait (``leave``), bump the fence if
-        granted. Each statement after the first takes a new snapshot, so it sees every join serialised before
-        it. One row: the limit in force, whether it agrees, the slot granted (or NULL), its fence, the slot to
-        wait for (fewest waiters first), and whether the lock calls ran. Client-side parameters (several
-        statements): only ints, bools, text and int arrays are passed.
-        """
+    @staticmethod
+    def _attempt(mode: str) -> tuple[str, str]:
+        """The SQL of one try for a permit (the slot granted, or NULL) and of the slot to wait for."""
         if mode == "permit":
             attempt = f"(SELECT u.i FROM {_SLOTS} WHERE pg_try_advisory_lock(u.a, u.b) LIMIT 1)"
             wait_for = (
                 f"(SELECT u.i FROM {_SLOTS} LEFT JOIN pg_locks AS l ON {_match('l', 'u.a', 'u.b')} AND NOT l.granted"
                 " GROUP BY u.i, u.o ORDER BY count(l.pid), u.o LIMIT 1)"
             )
-        else:
-            call = "pg_try_advisory_lock_shared" if mode == "read" else "pg_try_advisory_lock"
-            attempt = f"(CASE WHEN {call}(%(r1)s, %(r2)s) THEN 0 END)"
-            wait_for = "0"
+            return attempt, wait_for
+        call = "pg_try_advisory_lock_shared" if mode == "read" else "pg_try_advisory_lock"
+        return f"(CASE WHEN {call}(%(r1)s, %(r2)s) THEN 0 END)", "0"
+
+    def fast(self, mode: str, take: bool) -> str:
+        """The common case in one statement: take ``presence`` (when ``take``), *then* lock the name's row and
+        read its limit; if it agrees, try the permit and bump the fence. If the row is missing or its limit
+        disagrees, ``presence`` is given back (``ok`` false) and the caller runs :meth:`join`.
+
+        Why this is enough without the ``meta`` lock: a join that resets the limit locks the row *before* it
+        counts who is present. Either our ``presence`` came before that count (the reset is refused), or our row
+        lock comes after the reset's, waits for its commit and reads the new limit (READ COMMITTED re-reads
+        the latest version of a row it locks). Row lock before the try, so the grants of a name are serialised
+        with their fence bumps. Same row shape as :meth:`join`.
+        """
+        attempt, wait_for = self._attempt(mode)
+        present = "(SELECT true FROM (SELECT pg_advisory_lock_shared(%(p1)s, %(p2)s)) AS x)" if take else "true"
+        give_back = "true" if take else "false"
+        return (
+            f"WITH pres AS MATERIALIZED (SELECT {present} AS j),"
+            f" cur AS MATERIALIZED (SELECT t.lim FROM {self.table} AS t"
+            " WHERE t.namespace = %(ns)s AND t.name = %(name)s FOR NO KEY UPDATE),"
+            " ok AS MATERIALIZED (SELECT (SELECT lim FROM cur) AS lim, j FROM pres),"
+            " got AS MATERIALIZED (SELECT lim, coalesce(lim = %(limit)s, false) AS ok,"
+            f" CASE WHEN lim = %(limit)s AND j THEN {attempt} END AS slot FROM ok),"
+            f" fin AS MATERIALIZED (SELECT lim, ok, slot, CASE WHEN {give_back} AND slot IS NULL AND"
+            " (NOT ok OR %(leave)s) THEN pg_advisory_unlock_shared(%(p1)s, %(p2)s) END AS gone FROM got),"
+            f" bump AS (UPDATE {self.table} AS t SET fence = t.fence + 1 FROM fin"
+            " WHERE t.namespace = %(ns)s AND t.name = %(name)s AND fin.slot IS NOT NULL RETURNING t.fence)"
+            " SELECT fin.lim, fin.ok, fin.slot, (SELECT fence FROM bump),"
+            f" CASE WHEN fin.ok AND fin.slot IS NULL AND NOT %(leave)s THEN {wait_for} END, fin.gone IS NULL,"
+            " set_config('idle_session_timeout', CASE WHEN fin.slot IS NOT NULL OR (fin.ok AND NOT %(leave)s)"
+            " THEN %(idle)s ELSE %(idle_now)s END, false)"
+            " FROM fin"
+        )
+
+    def join(self, mode: str) -> str:
+        """Join the name and try for a permit, in one round trip (several statements, one transaction): the
+        path of a first use of a name, or of a limit that disagrees with the row's (:meth:`fast` failed).
+
+        Under the name's ``meta`` transaction lock: make sure the row exists and lock it; take the requested
+        limit if nobody is present; then, if the limit agrees, take ``presence`` (when ``join``), try the permit, give
+        ``presence`` back if nothing was granted and the caller will not wait (``leave``), bump the fence if
+        granted. Each statement after the first takes a new snapshot, so it sees every join serialised before
+        it. One row: the limit in force, whether it agrees, the slot granted (or NULL), its fence, the slot to
+        wait for (fewest waiters first), and whether the lock calls ran. Client-side parameters (several
+        statements): only ints, bools, text and int arrays are passed.
+        """
+        attempt, wait_for = self._attempt(mode)
         row = "namespace = %(ns)s AND name = %(name)s"
         return (
             "SELECT pg_advisory_xact_lock(%(m1)s, %(m2)s);"
             f" INSERT INTO {self.table} (namespace, name, lim, fence) VALUES (%(ns)s, %(name)s, %(limit)s, 0)"
             " ON CONFLICT DO NOTHING;"
+            # The row lock before the count of who is present (see fast()): in a statement of its own, as an
+            # UPDATE could count (its uncorrelated subquery) before it waits for the row.
+            f" SELECT 1 FROM {self.table} WHERE {row} FOR UPDATE;"
             f" UPDATE {self.table} SET lim = %(limit)s WHERE {row} AND lim <> %(limit)s"
             f" AND NOT EXISTS (SELECT 1 FROM pg_locks WHERE {_PRESENCE});"
             f" WITH ok AS MATERIALIZED (SELECT lim, lim = %(limit)s AS ok FROM {self.table} WHERE {row}),"

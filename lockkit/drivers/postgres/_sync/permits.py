@@ -278,8 +278,11 @@ class PostgresPermits(PostgresDriver):
         """The join statement on ``s``: ``(slot, fence)`` if granted, else ``(the slot to queue on, None)``."""
         params = {**keys.params, "join": join, "leave": leave, "idle": self._idle(s, ttl), "idle_now": self._idle(s)}
         try:
-            cur = self._exec_many(s, self._psql.join(mode), params)
+            cur = self._exec(s, self._psql.fast(mode, join), params)
             row = cur.fetchone()
+            if row is not None and not row[1]:  # a first use of the name, or another limit: the full join
+                cur = self._exec_many(s, self._psql.join(mode), params)
+                row = cur.fetchone()
         except psycopg.Error as exc:
             self._failed(s, keys, exc)
         except BaseException:
