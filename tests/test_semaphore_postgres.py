@@ -221,3 +221,45 @@ async def test_p24_cancel_after_the_permit_grant_leaves_nothing(postgres_server:
             await asyncio.sleep(0.05)
         third = await locks.semaphore(name, limit=1, ttl=5).try_acquire()
         assert third is not None and third.valid
+
+
+def test_p25_limits_that_disagree_never_hold_at_once(postgres_server: PostgresServer) -> None:
+    # Two fleets hammer one name, one with limit 2 and one with limit 3: each request either joins (its limit
+    # agrees, or nobody is present and it sets it) or is refused. Holds of different limits must never overlap,
+    # whether a join took the one-statement path or the full one that resets the limit.
+    name = _name()
+    spans: list[tuple[float, float, int]] = []
+    refused = [0]
+    stop = time.monotonic() + 4.0
+    guard = threading.Lock()
+
+    def fleet(limit: int) -> None:
+        with lockkit.connect(postgres_server.url) as locks:
+            while time.monotonic() < stop:
+                permit = locks.semaphore(name, limit=limit, ttl=10)
+                try:
+                    lease = permit.try_acquire()
+                except ConfigError:
+                    with guard:
+                        refused[0] += 1
+                    continue
+                if lease is None:
+                    continue
+                entered = time.monotonic()
+                time.sleep(0.002)
+                left = time.monotonic()
+                permit.release()
+                with guard:
+                    spans.append((entered, left, limit))
+
+    threads = [threading.Thread(target=fleet, args=(limit,)) for limit in (2, 2, 3, 3, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    by_limit = {limit: sorted(s for s in spans if s[2] == limit) for limit in (2, 3)}
+    assert by_limit[2] and by_limit[3] and refused[0], "both limits must have held, and some requests refused"
+    for a0, a1, _ in by_limit[2]:
+        for b0, b1, _ in by_limit[3]:
+            assert a1 <= b0 or b1 <= a0, "holders of limit 2 and limit 3 at once"
+    print(f"P-25: {len(by_limit[2])} holds of limit 2, {len(by_limit[3])} of limit 3, {refused[0]} refused")
