@@ -263,3 +263,27 @@ def test_p25_limits_that_disagree_never_hold_at_once(postgres_server: PostgresSe
         for b0, b1, _ in by_limit[3]:
             assert a1 <= b0 or b1 <= a0, "holders of limit 2 and limit 3 at once"
     print(f"P-25: {len(by_limit[2])} holds of limit 2, {len(by_limit[3])} of limit 3, {refused[0]} refused")
+
+
+def test_p26_a_wait_slice_ending_on_a_busy_row_leaves_no_count_held(postgres_server: PostgresServer) -> None:
+    # The waiter's slot is granted while another transaction holds the name's row (here a plain session, in
+    # production the other grants of the name): the fence bump waits for the row. That wait must not be cut
+    # by the wait's lock_timeout slice, else the statement fails with the slot held, a retry takes it again
+    # (advisory locks are re-entrant) and one count stays held after the release.
+    name = _name()
+    with lockkit.connect(postgres_server.url) as locks, lockkit.connect(postgres_server.url) as other:
+        holder = locks.semaphore(name, limit=1, ttl=10)
+        holder.acquire(timeout=5)
+        waiter = other.semaphore(name, limit=1, ttl=10)
+        got: list[lockkit.Lease] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=1.0)))  # a slice of <= 1 s
+        thread.start()
+        _until(lambda: ("ExclusiveLock", "f") in _locks_on(postgres_server, name, "slot:0"), 10, "never queued")
+        with psycopg.connect(postgres_server.url) as raw:  # a transaction holding the row for 1.6 s
+            raw.execute("SELECT 1 FROM lockkit_permits WHERE namespace = 'lockkit' AND name = %s FOR UPDATE", (name,))
+            holder.release()
+            time.sleep(1.6)
+        thread.join(SLACK + 10)
+        assert got and got[0].valid
+        waiter.release()
+        _until(lambda: not _locks_on(postgres_server, name, "slot:0"), 5, "the slot is still held after the release")

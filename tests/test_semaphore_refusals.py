@@ -81,6 +81,6 @@ def test_fencing_epoch_wrapper_refuses_rather_than_hand_out_unlifted_tokens() ->
 def test_docs_table_matches_the_declared_offers() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "semaphores.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `([a-z+]+)://` \| (yes|not yet|never) \|", text, re.M))
-    assert set(rows) == {"memory", "file", "redis", "redis+sentinel", "redlock", "zookeeper", "etcd"}
+    assert set(rows) == {"memory", "file", "redis", "redis+sentinel", "redlock", "zookeeper", "etcd", "postgresql"}
     for scheme, offered in rows.items():
         assert _offer(scheme).offered == offered, scheme

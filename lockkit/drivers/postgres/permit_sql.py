@@ -72,10 +72,12 @@ class PermitStatements:
         present = "(SELECT true FROM (SELECT pg_advisory_lock_shared(%(p1)s, %(p2)s)) AS x)" if take else "true"
         give_back = "true" if take else "false"
         return (
-            f"WITH pres AS MATERIALIZED (SELECT {present} AS j),"
+            # lock_timeout back to 0 first (a waiting session keeps the slice of its last wait): the row lock
+            # below waits for the other grants of the name, which a stale slice of 1 ms must not cut short.
+            f"WITH pres AS MATERIALIZED (SELECT {present} AS j, set_config('lock_timeout', '0', false) AS t),"
             f" cur AS MATERIALIZED (SELECT t.lim FROM {self.table} AS t"
             " WHERE t.namespace = %(ns)s AND t.name = %(name)s FOR NO KEY UPDATE),"
-            " ok AS MATERIALIZED (SELECT (SELECT lim FROM cur) AS lim, j FROM pres),"
+            " ok AS MATERIALIZED (SELECT (SELECT lim FROM cur) AS lim, j FROM pres WHERE t IS NOT NULL),"
             " got AS MATERIALIZED (SELECT lim, coalesce(lim = %(limit)s, false) AS ok,"
             f" CASE WHEN lim = %(limit)s AND j THEN {attempt} END AS slot FROM ok),"
             f" fin AS MATERIALIZED (SELECT lim, ok, slot, CASE WHEN {give_back} AND slot IS NULL AND"
@@ -104,7 +106,7 @@ class PermitStatements:
         attempt, wait_for = self._attempt(mode)
         row = "namespace = %(ns)s AND name = %(name)s"
         return (
-            "SELECT pg_advisory_xact_lock(%(m1)s, %(m2)s);"
+            "SELECT set_config('lock_timeout', '0', false), pg_advisory_xact_lock(%(m1)s, %(m2)s);"
             f" INSERT INTO {self.table} (namespace, name, lim, fence) VALUES (%(ns)s, %(name)s, %(limit)s, 0)"
             " ON CONFLICT DO NOTHING;"
             # The row lock before the count of who is present (see fast()): in a statement of its own, as an
@@ -130,11 +132,15 @@ class PermitStatements:
 
     def wait(self, mode: str) -> str:
         """Wait in the server's queue of one key (bounded by ``lock_timeout``), then bump the fence: the
-        grant and its token in one statement, as for locks."""
+        grant and its token in one statement, as for locks. Once the key is granted, ``lock_timeout`` goes back
+        to 0 before the row is locked: a slice that ran out while the row was busy with another grant would fail
+        the statement with the key held, and a retry would take it a second time (advisory locks are
+        re-entrant), leaving one count held for ever."""
         call = "pg_advisory_lock_shared" if mode == "read" else "pg_advisory_lock"
         return (
-            f"WITH got AS MATERIALIZED (SELECT true AS ok FROM (SELECT {call}(%(a)s, %(b)s)) AS w)"
-            f" UPDATE {self.table} AS t SET fence = t.fence + 1 FROM got"
+            f"WITH got AS MATERIALIZED (SELECT true AS ok FROM (SELECT {call}(%(a)s, %(b)s)) AS w),"
+            " reset AS MATERIALIZED (SELECT set_config('lock_timeout', '0', false) AS t FROM got)"
+            f" UPDATE {self.table} AS t SET fence = t.fence + 1 FROM reset"
             " WHERE t.namespace = %(ns)s AND t.name = %(name)s RETURNING t.fence"
         )
 
