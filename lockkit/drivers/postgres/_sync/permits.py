@@ -290,9 +290,8 @@ class PostgresPermits(PostgresDriver):
             raise
         assert row is not None
         lim, ok, slot, fence, wait_slot = row[:5]
-        if not ok:
-            self._unclaim(s, keys.claim)
-            self._trim(s)
+        if not ok:  # nothing was taken, except the presence of a waiter looking again (join=False): undo both
+            self._undo_and_trim(s, keys)
             raise limit_mismatch(keys.params["name"], int(lim), int(keys.params["limit"]))
         if slot is not None:
             return int(slot), int(fence)
