@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import lockkit
 from backends.servers import EtcdServer, RedisServer
 
-TTL = {"memory": 0.6, "file": 0.6, "redis": 0.6, "etcd": 2.0}
+TTL = {"memory": 0.6, "file": 0.6, "redis": 0.6, "etcd": 2.0, "postgres": 0.6}
 
 
 def _machine(url: str, ttl: float) -> type[RuleBasedStateMachine]:
@@ -98,7 +98,7 @@ def _machine(url: str, ttl: float) -> type[RuleBasedStateMachine]:
     return PermitModel
 
 
-@pytest.fixture(params=["memory", "file", "redis", "etcd"])
+@pytest.fixture(params=["memory", "file", "redis", "etcd", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     if request.param == "memory":
         return "memory", f"memory://model-{uuid.uuid4().hex[:8]}"
@@ -114,7 +114,7 @@ def test_permit_model(backend: tuple[str, str]) -> None:
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=12 if kind == "etcd" else 40,
+            max_examples=12 if kind in ("etcd", "postgres") else 40,
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=list(HealthCheck),
