@@ -121,6 +121,9 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._psql = PermitStatements(self._options.permit_table)
+        self._pending: dict[_Session, list[float]] = {}
+        """The ttls of joins in flight per session: a statement sent meanwhile on the session (a release, a
+        heartbeat) must not set an idle timeout shorter than a permit about to be granted there."""
 
     async def _ensure_table(self, conn: Any) -> None:
         if conn.info.server_version < MIN_SERVER:
@@ -149,6 +152,7 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             ttls = [
                 h.ttl for t, h in self._leases.items() if h.session is s and t != without and isinstance(h, _Permit)
             ]
+            ttls += self._pending.get(s, [])
         if ttl is not None:
             ttls.append(ttl)
         return _ms(max(ttls)) if ttls else "0"
@@ -274,7 +278,10 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         self, s: _Session, keys: _Keys, mode: PermitMode, ttl: float, *, join: bool, leave: bool
     ) -> tuple[int, int | None]:
         """The join statement on ``s``: ``(slot, fence)`` if granted, else ``(the slot to queue on, None)``."""
-        params = {**keys.params, "join": join, "leave": leave, "idle": self._idle(s, ttl), "idle_now": self._idle(s)}
+        idle_now = self._idle(s)  # if nothing is granted: the timeout its other permits (and joins) need
+        with self._state:
+            self._pending.setdefault(s, []).append(ttl)
+        params = {**keys.params, "join": join, "leave": leave, "idle": self._idle(s), "idle_now": idle_now}
         try:
             cur = await self._exec(s, self._psql.fast(mode, join), params)
             row = await cur.fetchone()
@@ -286,6 +293,12 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         except BaseException:
             self._background.clean_up(self._undo_and_trim, s, keys)  # cancelled: a grant may have come
             raise
+        finally:
+            with self._state:  # the caller registers a granted lease before anything else can run here
+                pending = self._pending.get(s, [])
+                pending.remove(ttl)
+                if not pending:
+                    self._pending.pop(s, None)
         assert row is not None
         lim, ok, slot, fence, wait_slot = row[:5]
         if not ok:  # nothing was taken, except the presence of a waiter looking again (join=False): undo both
