@@ -24,12 +24,16 @@ from lockkit.testing import AsyncSemaphoreSuite, SemaphoreSuite
 
 
 class TestPostgres(SemaphoreSuite):
+    killed_holder_freed_at_once = True  # the kernel closes its socket: its session, and permits, end at once
+
     @pytest.fixture
     def url(self, postgres_server: PostgresServer) -> str:
         return postgres_server.url
 
 
 class TestPostgresAsync(AsyncSemaphoreSuite):
+    killed_holder_freed_at_once = True  # the kernel closes its socket: its session, and permits, end at once
+
     @pytest.fixture
     def url(self, postgres_server: PostgresServer) -> str:
         return postgres_server.url
