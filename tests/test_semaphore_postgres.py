@@ -291,3 +291,66 @@ def test_p26_a_wait_slice_ending_on_a_busy_row_leaves_no_count_held(postgres_ser
         assert got and got[0].valid
         waiter.release()
         _until(lambda: not _locks_on(postgres_server, name, "slot:0"), 5, "the slot is still held after the release")
+
+
+def test_p27_threads_of_one_locker_share_its_permit_sessions(postgres_server: PostgresServer) -> None:
+    # Blocking face, one Locker, 6 threads each with its own handle of a semaphore of limit 2 (waiting, not
+    # just trying): never more than 2 inside, every thread served, and nothing of the name left held after.
+    name = _name()
+    inside, most, served = [0], [0], [0]
+    guard = threading.Lock()
+    errors: list[BaseException] = []
+    stop = time.monotonic() + 3.0
+    with lockkit.connect(postgres_server.url) as locks:
+
+        def worker() -> None:
+            try:
+                while time.monotonic() < stop:
+                    permit = locks.semaphore(name, limit=2, ttl=10)
+                    with permit:
+                        with guard:
+                            inside[0] += 1
+                            most[0] = max(most[0], inside[0])
+                        time.sleep(0.003)
+                        with guard:
+                            inside[0] -= 1
+                            served[0] += 1
+            except BaseException as exc:  # reported below: a thread's failure must fail the test
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        assert most[0] <= 2 and served[0] > 6
+        info = locks.permit_holders(name)
+        assert (info.holders, info.waiters) == (0, 0)
+    leftover = [part for part in ("presence", "slot:0", "slot:1") if _locks_on(postgres_server, name, part)]
+    assert not leftover, leftover
+    print(f"P-27: {served[0]} permits served to 6 threads of one locker, at most {most[0]} at once")
+
+
+async def test_p27_tasks_of_one_async_locker_share_its_permit_sessions(postgres_server: PostgresServer) -> None:
+    # The asyncio face of the same: 6 tasks of one AsyncLocker.
+    name = _name()
+    inside, most, served = [0], [0], [0]
+    stop = time.monotonic() + 3.0
+    async with lockkit.connect_async(postgres_server.url) as locks:
+
+        async def worker() -> None:
+            while time.monotonic() < stop:
+                async with locks.semaphore(name, limit=2, ttl=10):
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                    await asyncio.sleep(0.003)
+                    inside[0] -= 1
+                    served[0] += 1
+
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), 60)
+        assert most[0] <= 2 and served[0] > 6
+        info = await locks.permit_holders(name)
+        assert (info.holders, info.waiters) == (0, 0)
+    leftover = [part for part in ("presence", "slot:0", "slot:1") if _locks_on(postgres_server, name, part)]
+    assert not leftover, leftover
