@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -50,6 +51,10 @@ at a time instead."""
 MAX_LIMIT = 1024
 """The largest semaphore on postgresql://: a permit is one of ``limit`` advisory keys, and a full semaphore is
 tried key by key (one lock-manager call each) and named in every statement."""
+
+KNOWN_NAMES = 4096
+"""Names this driver has joined lately: their row exists, so the next join tries the one-statement path
+first; any other name goes straight to the full join (which creates the row)."""
 
 MIN_SERVER = 140000
 """PostgreSQL 14: the first with ``idle_session_timeout``, which is what makes a permit's ttl real."""
@@ -121,6 +126,7 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._psql = PermitStatements(self._options.permit_table)
+        self._known: OrderedDict[str, None] = OrderedDict()
         self._pending: dict[_Session, list[float]] = {}
         """The ttls of joins in flight per session: a statement sent meanwhile on the session (a release, a
         heartbeat) must not set an idle timeout shorter than a permit about to be granted there."""
@@ -283,9 +289,11 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             self._pending.setdefault(s, []).append(ttl)
         params = {**keys.params, "join": join, "leave": leave, "idle": self._idle(s), "idle_now": idle_now}
         try:
-            cur = await self._exec(s, self._psql.fast(mode, join), params)
-            row = await cur.fetchone()
-            if row is not None and not row[1]:  # a first use of the name, or another limit: the full join
+            row = None
+            if keys.params["name"] in self._known:
+                cur = await self._exec(s, self._psql.fast(mode, join), params)
+                row = await cur.fetchone()
+            if row is None or not row[1]:  # a name new to us, or another limit: the full join
                 cur = await self._exec_many(s, self._psql.join(mode), params)
                 row = await cur.fetchone()
         except psycopg.Error as exc:
@@ -304,6 +312,11 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         if not ok:  # nothing was taken, except the presence of a waiter looking again (join=False): undo both
             await self._undo_and_trim(s, keys)
             raise limit_mismatch(keys.params["name"], int(lim), int(keys.params["limit"]))
+        with self._state:
+            self._known[keys.params["name"]] = None
+            self._known.move_to_end(keys.params["name"])
+            while len(self._known) > KNOWN_NAMES:
+                self._known.popitem(last=False)
         if slot is not None:
             return int(slot), int(fence)
         if leave:
