@@ -41,8 +41,7 @@ def check_offered(guarantees: Guarantees, backend: str) -> None:
         return
     raise ConfigError(
         f"backend {backend!r} does not offer semaphores or reader-writer locks ({offer.offered}: {offer.why}). "
-        "Route this name to a backend that offers them (memory://, file://, redis://, etcd://, postgresql://; "
-        "see docs/semaphores.md)"
+        "Route this name to a backend that offers them (memory://, file://, redis://, etcd://; see docs/semaphores.md)"
     )
 
 
