@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import lockkit
-from backends.servers import RedlockServers, ZooKeeperServer
+from backends.servers import RedlockServers
 from lockkit.driver import Offer
 from lockkit.registry import builtin_schemes, load_factory
 
-OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds"}
+OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds", "zookeeper"}
 
 
 def _offer(scheme: str) -> Offer:
@@ -46,12 +46,10 @@ def test_sentinel_not_yet_because_of_fencing() -> None:
 
 
 
-@pytest.mark.parametrize("which", ["redlock", "zookeeper"])
-def test_semaphore_refused_before_any_permit_is_sent(
-    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer
-) -> None:
-    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url}[which]
-    expected = r"\(never: " if which == "redlock" else r"\(not yet: "
+@pytest.mark.parametrize("which", ["redlock"])
+def test_semaphore_refused_before_any_permit_is_sent(which: str, redlock_servers: RedlockServers) -> None:
+    url = {"redlock": redlock_servers.url}[which]
+    expected = r"\(never: "
     with lockkit.connect(url) as locks:
         with pytest.raises(lockkit.ConfigError, match=expected):
             locks.semaphore("refused", limit=2)
@@ -61,11 +59,9 @@ def test_semaphore_refused_before_any_permit_is_sent(
             assert lease.valid
 
 
-@pytest.mark.parametrize("which", ["redlock", "zookeeper"])
-async def test_semaphore_refused_on_the_asyncio_face(
-    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer
-) -> None:
-    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url}[which]
+@pytest.mark.parametrize("which", ["redlock"])
+async def test_semaphore_refused_on_the_asyncio_face(which: str, redlock_servers: RedlockServers) -> None:
+    url = {"redlock": redlock_servers.url}[which]
     async with lockkit.connect_async(url) as locks:
         with pytest.raises(lockkit.ConfigError, match="does not offer semaphores or reader-writer locks"):
             locks.semaphore("refused", limit=2)
