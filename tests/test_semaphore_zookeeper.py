@@ -77,42 +77,78 @@ def test_s8_permit_session_expired_reports_the_permits_only(zookeeper_server: Zo
         assert other.permit_holders("s8").holders == 1, "the stale release deleted the new holder's permit"
 
 
+SESSION = 8.0
+"""The session timeout of the S-9 client: its nodes would outlive the test's bounds if it left them to expiry."""
+
+
+def _attempt(locks: lockkit.Locker, name: str, limit: int, timeout: float, outcome: list[object]) -> None:
+    try:
+        outcome.append(locks.semaphore(name, limit=limit, ttl=5).acquire(timeout=timeout))
+    except lockkit.LockError as exc:
+        outcome.append(exc)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # kazoo's loop may die on
-# the corrupted stream ("xids do not match"); the session must start again and clean up anyway
-def test_s9_lost_replies_leave_no_zombie_lock_contender(
-    zookeeper_server: ZooKeeperServer, fault_proxy: ProxyFactory, zk_raw: KazooClient
+# the corrupted stream ("xids do not match"); the driver must start a new session and clean up anyway
+@pytest.mark.parametrize("queued", [False, True], ids=["permit-multi", "lock-contender"])
+def test_s9_lost_replies_leave_no_orphan_permit_or_zombie_contender(
+    zookeeper_server: ZooKeeperServer, fault_proxy: ProxyFactory, zk_raw: KazooClient, queued: bool
 ) -> None:
     chroot = f"/s9-{uuid.uuid4().hex[:8]}"
     proxy = fault_proxy(zookeeper_server)
-    url = f"zookeeper://127.0.0.1:{proxy.port}{chroot}?session_timeout=3"
+    url = f"zookeeper://127.0.0.1:{proxy.port}{chroot}?session_timeout={SESSION:g}"
+    direct = f"{zookeeper_server.url}{chroot}"
     path = permit_path(chroot, "s9")
-    with lockkit.connect(f"{zookeeper_server.url}{chroot}") as other, lockkit.connect(url) as locks:
-        with locks.semaphore("s9", limit=2, ttl=5):  # this session has made the nodes
+    limit = 1 if queued else 2
+    with lockkit.connect(direct) as other, lockkit.connect(direct) as third, lockkit.connect(url) as locks:
+        with locks.semaphore("s9", limit=limit, ttl=5):  # this session has made the nodes
             pass
-        holder = other.semaphore("s9", limit=2, ttl=5)
+        holder = other.semaphore("s9", limit=limit, ttl=5)
         holder.acquire(timeout=5)
-        proxy.set_mode("drop_downstream")  # our requests reach the server, its replies never come back
+        behind: list[object] = []
+        if queued:  # a waiter holds the semaphore's lock: our acquire must queue a contender on it
+            waiter = threading.Thread(target=_attempt, args=(third, "s9", limit, 15, behind))
+            waiter.start()
+            assert _wait_until(lambda: len(zk_raw.get_children(path + LOCK_SUFFIX)) == 1, 5)
         outcome: list[object] = []
-
-        def attempt() -> None:
-            try:
-                outcome.append(locks.semaphore("s9", limit=2, ttl=5).acquire(timeout=2.5))
-            except lockkit.LockError as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=attempt)
-        thread.start()
-        assert _wait_until(lambda: len(zk_raw.get_children(path + LOCK_SUFFIX)) == 1, 5), "no create reached it"
-        time.sleep(0.3)
+        thread = threading.Thread(target=_attempt, args=(locks, "s9", limit, 2.0, outcome))
+        kazoo = _permits(locks, "s9")._s.client()
+        session = kazoo.client_id[0]
+        if queued:
+            thread.start()  # queued, then cut off (kazoo#429's network issue): it gives up, its delete cannot go
+            assert _wait_until(lambda: len(zk_raw.get_children(path + LOCK_SUFFIX)) == 2, 5), "it never queued"
+            proxy.set_mode("reset")
+        else:
+            proxy.set_mode("drop_downstream")  # its one multi reaches the server; the reply never comes back
+            thread.start()
+            assert _wait_until(lambda: len(zk_raw.get_children(path)) == 2, 5), "the permit's multi never arrived"
+        most = 0
+        cut = time.monotonic()
+        while time.monotonic() < cut + 2.5:
+            most = max(most, len(zk_raw.get_children(path)))
+            time.sleep(0.02)
         proxy.set_mode("pass")
+        healed = time.monotonic()
         thread.join(30)
         assert outcome and not isinstance(outcome[0], lockkit.Lease), outcome
-        # kazoo#429: a contender left on the semaphore's lock blocks every later acquire for the session's life
-        assert _wait_until(lambda: zk_raw.get_children(path + LOCK_SUFFIX) == [], 3 + 1), "a zombie contender"
-        assert len(zk_raw.get_children(path)) == 1, "a permit of the failed acquire was left behind"
-        started = time.monotonic()
-        again = locks.semaphore("s9", limit=2, ttl=5)
-        again.acquire(timeout=10)
-        assert time.monotonic() - started < 2
-        again.release()
+        assert most <= 2, "a second permit was made instead of finding our own"
+        if queued:
+            # kazoo#429: a contender left on the semaphore's lock blocks every later acquire for the session's
+            # life. The session survived the outage, so only lockkit's own cleanup can remove it.
+            assert _wait_until(lambda: len(zk_raw.get_children(path + LOCK_SUFFIX)) <= 1, 3), "a zombie contender"
+            assert kazoo.client_id[0] == session, "the session was replaced: the test proves nothing"
+        else:
+            # The stream is corrupt ("xids do not match"): that session's permit goes when the server expires it
+            # (docs/backends/zookeeper.md, Semaphores); it was never granted, and nothing waits for it after that.
+            assert _wait_until(lambda: len(zk_raw.get_children(path)) == 1, SESSION + 2), "an orphan permit"
+        print(f"S-9 ({'queued' if queued else 'multi'}): clean {time.monotonic() - healed:.2f} s after healing")
         holder.release()
+        if queued:
+            waiter.join(15)
+            assert behind and isinstance(behind[0], lockkit.Lease)
+        else:
+            started = time.monotonic()
+            again = locks.semaphore("s9", limit=limit, ttl=5)
+            again.acquire(timeout=10)
+            assert time.monotonic() - started < 2
+            again.release()

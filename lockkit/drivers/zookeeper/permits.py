@@ -60,7 +60,7 @@ from kazoo.exceptions import (
     RolledBackError,
     RuntimeInconsistency,
 )
-from kazoo.protocol.serialization import CheckVersion, Create2, SetData
+from kazoo.protocol.serialization import CheckVersion, Create2, Delete, SetData
 from kazoo.protocol.states import WatchedEvent
 
 from ...driver import Cancel, DriverContext, Grant, PermitInfo, PermitMode, RenewRequest
@@ -68,7 +68,7 @@ from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...names import encode_name
 from ..embedded.permits import limit_mismatch
-from .client import CHECK, CONTAINER_FLAG, CREATE2, CREATE_CONTAINER, SET_DATA, Multi
+from .client import CHECK, CONTAINER_FLAG, CREATE2, CREATE_CONTAINER, DELETE, SET_DATA, Multi
 from .nodes import MARK, Transient, contenders, translated
 from .session import Session
 from .zookeeper_driver import DEADLINE_SLOP, ZooKeeperDriver
@@ -168,6 +168,7 @@ class ZooKeeperPermits:
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
         granted = unreachable = False
         sent: list[int] = []  # sessions in which our permit's create was sent
+        fast = mode == "permit"  # the first look tries the one-request path (see _fast_permit)
         try:
             while True:
                 wake.clear()  # before the check: a cancel from now on sets it again, so no wait can miss it
@@ -177,7 +178,10 @@ class ZooKeeperPermits:
                 try:
                     sid = s.wait_connected(end)
                     sent_at = self._clock()
-                    if mode == "permit":
+                    if fast:
+                        fast = False
+                        outcome = self._fast_permit(lease, data, limit, sid, end, sent) or "again"
+                    elif mode == "permit":
                         outcome = self._try_permit(name, node, lease, data, limit, sid, end, wake, sent)
                     else:
                         outcome = self._try_side(name, node, data, mode, sid, end, wake)
@@ -288,11 +292,15 @@ class ZooKeeperPermits:
             self._make(parent, str(limit).encode(), end)  # P carries the limit from its first byte
             return "again"
         kz = s.client()
-        if child in children and sid in sent:  # our create went through, its reply lost: the permit is ours
+        if child in children:  # a create of ours went through, its reply lost
             found = s.call(kz.exists_async(lease), f"read {lease}", end=end)
-            if found is not None and found.ephemeralOwner == sid:
-                self._drop(node)
+            if found is not None and found.ephemeralOwner == sid and sid in sent:
+                self._drop(node)  # made in this session, under our lock: the permit is ours
                 return child, int(found.czxid)
+            if found is not None and found.ephemeralOwner in sent:
+                # made by a session of ours that we no longer have (kazoo#732): it must not count against us
+                s.abandon(parent, child, child, found.ephemeralOwner, found.czxid)
+            return "again"
         held = _held_limit(raw)
         self._refuse_mixed(name, node, children, held, limit)
         order = contenders(lockers)
@@ -326,15 +334,30 @@ class ZooKeeperPermits:
         kz._call(Multi([guard, (CREATE2, Create2(lease, data, s.acl, EPHEMERAL_FLAG))]), result)
         made = kz.exists_async(lease)  # the czxid (a create inside a multi may be answered without its stat)
         listed = kz.get_children_async(parent)  # after it: are there readers or writers beside our permit?
+        # and our lock contender goes in the same round trip: the multi either made our permit or failed
+        contender = f"{node.parent}/{node.child}"
+        dropped = kz.delete_async(contender, 0)
+
+        def settle() -> None:
+            try:
+                s.call(dropped, f"delete {contender}", (NoNodeError, BadVersionError), end)
+            except (NoNodeError, BadVersionError):
+                pass
+            except Transient:
+                return  # the acquire's finally hands it to Session.abandon
+            node.child = None
+
         what = f"create a permit under {parent}"
         try:
             with translated(what, s.timeout, (BadVersionError, NoNodeError, NodeExistsError), s.login):
                 _raise_failure(s.call(result, what, end=end))
         except (BadVersionError, NoNodeError):
-            return "again"  # the limit was rewritten, or P reaped, since we read it: look again
+            settle()
+            return "again"  # the limit was rewritten, or P reaped, since we read it: queue again
         except NodeExistsError:
             pass  # our earlier multi, its reply lost: the read below says whether it is ours
         found = s.call(made, f"read {lease}", end=end)
+        settle()
         if found is None or found.ephemeralOwner != sid:
             return "again"
         czxid = int(found.czxid)
@@ -345,10 +368,57 @@ class ZooKeeperPermits:
         if any(_RW.search(c) for c in after):
             s.abandon(parent, child, child, sid, czxid)
             sent.remove(sid)
-            self._drop(node)
             raise limit_mismatch(name, 0, limit)
-        self._drop(node)  # the lock goes once our permit exists (the finally retries if this fails)
         return child, czxid
+
+    def _fast_permit(
+        self, lease: str, data: bytes, limit: int, sid: int, end: float | None, sent: list[int]
+    ) -> tuple[str, int] | None:
+        """The permit in one write when nobody queues: ``(child, czxid)``, or ``None`` for the careful path.
+
+        One ``multi`` deletes the semaphore's lock node ``L`` (which fails unless ``L`` has no child: nobody
+        holds or waits for the lock at that transaction), makes it again, and creates our permit; the holders
+        and the limit are read right after it, in the same round trip. The permit is kept only if they show
+        our limit, no reader or writer, and at most ``limit`` permits with ours. That is sound with kazoo's
+        rule (permits are made only under the lock, after counting): a lock holder's count either comes after
+        our multi, so it sees our permit, or its permit came before the multi, so our read sees it; and of
+        two permits made this way, the later one's read sees the earlier. A permit that fails the check is
+        deleted before anyone is told of it (at worst a lock holder counts it for a moment, and waits).
+        """
+        s = self._s
+        kz = s.client()
+        parent, child = lease.rpartition("/")[::2]
+        lock = parent + LOCK_SUFFIX
+        operations: list[tuple[int, Any]] = [
+            (DELETE, Delete(lock, -1)),
+            (CREATE_CONTAINER, Create2(lock, b"", s.acl, CONTAINER_FLAG)),
+            (CREATE2, Create2(lease, data, s.acl, EPHEMERAL_FLAG)),
+        ]
+        result = kz.handler.async_result()
+        sent.append(sid)
+        kz._call(Multi(operations), result)
+        made, got, listed = kz.exists_async(lease), kz.get_async(parent), kz.get_children_async(parent)
+        what = f"create a permit under {parent}"
+        try:
+            with translated(what, s.timeout, (NotEmptyError, NoNodeError, NodeExistsError), s.login):
+                _raise_failure(s.call(result, what, end=end))
+        except (NotEmptyError, NoNodeError, NodeExistsError):
+            sent.remove(sid)  # the multi failed as a whole: nothing was created
+            return None  # someone holds or waits for the lock, or a fresh name: the careful path
+        found = s.call(made, f"read {lease}", end=end)
+        try:
+            raw = bytes(s.call(got, f"read {parent}", (NoNodeError,), end)[0])
+            children = list(s.call(listed, f"list {parent}", (NoNodeError,), end))
+        except NoNodeError:
+            raw, children = b"", []
+        if found is None or found.ephemeralOwner != sid:
+            return None
+        if _held_limit(raw) == limit and len(children) <= limit and not any(_RW.search(c) for c in children):
+            return child, int(found.czxid)
+        with contextlib.suppress(NoNodeError, BadVersionError):  # over the limit, another limit, or an rwlock
+            s.call(kz.delete_async(lease, 0), f"delete {lease}", (NoNodeError, BadVersionError), end)
+        sent.remove(sid)  # (if the delete failed, the exception skips this: the acquire's finally retries)
+        return None
 
     def _refuse_mixed(self, name: str, node: _Node, children: list[str], held: int | None, limit: int) -> None:
         """Raise (after deleting our lock contender) if ``P`` is a reader-writer lock or holders use another limit."""
