@@ -178,6 +178,7 @@ class ZooKeeperPermits:
                 try:
                     sid = s.wait_connected(end)
                     sent_at = self._clock()
+                    outcome: tuple[str, int] | str | None
                     if fast:
                         fast = False
                         outcome = self._fast_permit(lease, data, limit, sid, end, sent) or "again"
