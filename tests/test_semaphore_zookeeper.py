@@ -152,3 +152,42 @@ def test_s9_lost_replies_leave_no_orphan_permit_or_zombie_contender(
             again.acquire(timeout=10)
             assert time.monotonic() - started < 2
             again.release()
+
+
+WRITES = {"Create", "Create2", "CreateContainer", "Delete", "SetData", "Multi"}
+
+
+def test_uncontended_requests(zookeeper_server: ZooKeeperServer) -> None:
+    # The cost the docs state: a semaphore acquire + release is 2 writes (one multi, one delete) on a fresh name
+    # and on a name in use; a read or write side is a lock's (a create, a delete; on a fresh name one multi
+    # makes the parent with our node).
+    with lockkit.connect(zookeeper_server.url) as locks:
+        name = f"requests-{uuid.uuid4().hex[:8]}"
+        locks.semaphore(name + "-warm", limit=2).try_acquire()  # starts the permits' session
+        kazoo = _permits(locks, name)._s.client()
+        sent: list[str] = []
+        original = kazoo._call
+
+        def call(request: object, result: object) -> object:
+            sent.append(type(request).__name__)
+            return original(request, result)
+
+        kazoo._call = call
+        for label, make in [
+            ("fresh semaphore", lambda: locks.semaphore(name, limit=2, ttl=5)),
+            ("semaphore in use", lambda: locks.semaphore(name, limit=2, ttl=5)),
+            ("fresh read side", lambda: locks.rwlock(name + "-rw", ttl=5).read()),
+            ("write side", lambda: locks.rwlock(name + "-rw", ttl=5).write()),
+        ]:
+            sent.clear()
+            handle = make()
+            handle.acquire(timeout=5)
+            handle.release()
+            writes = sorted(r for r in sent if r in WRITES)
+            print(f"{label}: {sent}")
+            if "semaphore" in label:
+                assert writes == ["Delete", "Multi"], (label, sent)
+            elif label == "write side":
+                assert writes == ["Create2", "Delete"], (label, sent)
+            else:
+                assert writes == ["Delete", "Multi"], (label, sent)  # the parent and our node in one multi

@@ -68,7 +68,17 @@ from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...names import encode_name
 from ..embedded.permits import limit_mismatch
-from .client import CHECK, CONTAINER_FLAG, CREATE2, CREATE_CONTAINER, DELETE, SET_DATA, Multi
+from .client import (
+    CHECK,
+    CONTAINER_FLAG,
+    CREATE2,
+    CREATE_CONTAINER,
+    DELETE,
+    EPHEMERAL_SEQUENTIAL_FLAG,
+    SET_DATA,
+    Multi,
+    founded,
+)
 from .nodes import MARK, Transient, contenders, translated
 from .session import Session
 from .zookeeper_driver import DEADLINE_SLOP, ZooKeeperDriver
@@ -370,6 +380,7 @@ class ZooKeeperPermits:
             s.abandon(parent, child, child, sid, czxid)
             sent.remove(sid)
             raise limit_mismatch(name, 0, limit)
+        s.parent_seen(parent)  # the next acquire of this name tries the one-write path that expects its nodes
         return child, czxid
 
     def _fast_permit(
@@ -390,22 +401,41 @@ class ZooKeeperPermits:
         kz = s.client()
         parent, child = lease.rpartition("/")[::2]
         lock = parent + LOCK_SUFFIX
-        operations: list[tuple[int, Any]] = [
-            (DELETE, Delete(lock, -1)),
-            (CREATE_CONTAINER, Create2(lock, b"", s.acl, CONTAINER_FLAG)),
-            (CREATE2, Create2(lease, data, s.acl, EPHEMERAL_FLAG)),
-        ]
-        result = kz.handler.async_result()
-        sent.append(sid)
-        kz._call(Multi(operations), result)
-        made, got, listed = kz.exists_async(lease), kz.get_async(parent), kz.get_children_async(parent)
+        permit = (CREATE2, Create2(lease, data, s.acl, EPHEMERAL_FLAG))
+        remake = (CREATE_CONTAINER, Create2(lock, b"", s.acl, CONTAINER_FLAG))
+        variants: dict[str, list[tuple[int, Any]]] = {
+            "queue empty": [(DELETE, Delete(lock, -1)), remake, permit],  # fails unless L has no child
+            "no queue": [remake, permit],  # L reaped (fails if it exists)
+            "fresh name": [
+                (CREATE_CONTAINER, Create2(parent, str(limit).encode(), s.acl, CONTAINER_FLAG)),
+                remake,
+                permit,
+            ],
+        }
+        # the likeliest first: a name this session used lately still has its nodes; another is probably fresh
+        order = (
+            ["queue empty", "no queue", "fresh name"]
+            if s.parent_known(parent)
+            else ["fresh name", "queue empty", "no queue"]
+        )
         what = f"create a permit under {parent}"
-        try:
-            with translated(what, s.timeout, (NotEmptyError, NoNodeError, NodeExistsError), s.login):
-                _raise_failure(s.call(result, what, end=end))
-        except (NotEmptyError, NoNodeError, NodeExistsError):
-            sent.remove(sid)  # the multi failed as a whole: nothing was created
-            return None  # someone holds or waits for the lock, or a fresh name: the careful path
+        for variant in order:
+            result = kz.handler.async_result()
+            sent.append(sid)
+            kz._call(Multi(variants[variant]), result)
+            made, got, listed = kz.exists_async(lease), kz.get_async(parent), kz.get_children_async(parent)
+            try:
+                with translated(what, s.timeout, (NotEmptyError, NoNodeError, NodeExistsError), s.login):
+                    _raise_failure(s.call(result, what, end=end))
+                break
+            except NotEmptyError:
+                sent.remove(sid)  # the multi failed as a whole: nothing was created
+                return None  # someone holds or waits for the lock: the careful path
+            except (NoNodeError, NodeExistsError):
+                sent.remove(sid)  # a node that variant expected (or not): try the next
+        else:
+            return None
+        s.parent_seen(parent)
         found = s.call(made, f"read {lease}", end=end)
         try:
             raw = bytes(s.call(got, f"read {parent}", (NoNodeError,), end)[0])
@@ -476,6 +506,10 @@ class ZooKeeperPermits:
                 node.child = None
                 return None, extra
         node.session_id, node.pending, node.child = sid, True, None
+        if not s.parent_known(node.parent) and self._found(node, sid, data, parent_data, end):
+            s.parent_seen(node.parent)  # a parent not seen lately is likely fresh: made with our node, one request
+            return [node.child] if node.child else [], then(kz)
+        node.session_id, node.pending, node.child = sid, True, None
         created = kz.create_async(
             f"{node.parent}/{node.stem}", data, acl=s.acl, ephemeral=True, sequence=True, include_data=True
         )
@@ -484,14 +518,40 @@ class ZooKeeperPermits:
         try:
             path, stat = s.call(created, f"create a contender under {node.parent}", (NoNodeError,), end)
         except NoNodeError:
-            node.pending = False  # nothing was created: the parent is missing
-            self._make(node.parent, parent_data, end)
-            return None, extra
+            node.pending = False  # nothing was created: the parent is missing; make it with our node in it
+            if not self._found(node, sid, data, parent_data, end):
+                return None, extra
+            return [node.child] if node.child else [], then(kz)  # we made the parent: ours is its only child
         node.child, node.czxid, node.pending = path.rpartition("/")[2], stat.czxid, False
+        s.parent_seen(node.parent)
         try:
             return list(s.call(listed, f"list {node.parent}", (NoNodeError,), end)), extra
         except NoNodeError:
             return None, extra
+
+    def _found(self, node: _Node, sid: int, data: bytes, parent_data: bytes, end: float | None) -> bool:
+        """Make the parent (a container with ``parent_data``) and ``node`` in one multi; whether it did."""
+        s = self._s
+        kz = s.client()
+        result = kz.handler.async_result()
+        operations = [
+            (CREATE_CONTAINER, Create2(node.parent, parent_data, s.acl, CONTAINER_FLAG)),
+            (CREATE2, Create2(f"{node.parent}/{node.stem}", data, s.acl, EPHEMERAL_SEQUENTIAL_FLAG)),
+        ]
+        node.session_id, node.pending = sid, True
+        kz._call(Multi(operations), result)
+        what = f"create {node.parent} with a contender"
+        try:
+            results = s.call(result, what, end=end)
+            node.pending = False  # answered: both nodes exist now, or neither was created
+            with translated(what, s.timeout, (NodeExistsError, NoNodeError), s.login):
+                node.child, node.czxid = founded(results)
+        except NodeExistsError:
+            return False  # made by someone else meanwhile: queue under it
+        except NoNodeError:
+            self._make(node.parent, parent_data, end)  # no base node above it: made there
+            return False
+        return True
 
     def _make(self, parent: str, data: bytes, end: float | None) -> None:
         """Create ``parent`` as a container with its ``data`` in one request (and the base above it if missing)."""
