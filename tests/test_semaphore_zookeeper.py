@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -191,3 +192,30 @@ def test_uncontended_requests(zookeeper_server: ZooKeeperServer) -> None:
                 assert writes == ["Create2", "Delete"], (label, sent)
             else:
                 assert writes == ["Delete", "Multi"], (label, sent)  # the parent and our node in one multi
+
+
+async def test_cancelled_waiters_leave_no_node(zookeeper_server: ZooKeeperServer, zk_raw: KazooClient) -> None:
+    # The asyncio face offloads to threads (as the lock's does): a cancelled wait must delete what it queued.
+    name = f"cancel-{uuid.uuid4().hex[:8]}"
+    path = permit_path("", name)
+    async with lockkit.connect_async(zookeeper_server.url) as locks:
+        reader = locks.rwlock(name, ttl=5).read()
+        await reader.acquire(timeout=5)
+        permit = locks.semaphore(name + "-s", limit=1, ttl=5)
+        await permit.acquire(timeout=5)
+        writer = asyncio.create_task(locks.rwlock(name, ttl=5).write().acquire(timeout=30))
+        queued = asyncio.create_task(locks.semaphore(name + "-s", limit=1, ttl=5).acquire(timeout=30))
+        end = time.monotonic() + 10
+        while len(zk_raw.get_children(path)) < 2 or not zk_raw.get_children(permit_path("", name + "-s") + LOCK_SUFFIX):
+            assert time.monotonic() < end, "the waiters never queued"
+            await asyncio.sleep(0.02)
+        for task in (writer, queued):
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        end = time.monotonic() + 5
+        while len(zk_raw.get_children(path)) != 1 or zk_raw.get_children(permit_path("", name + "-s") + LOCK_SUFFIX):
+            assert time.monotonic() < end, "a cancelled waiter's node was left behind"
+            await asyncio.sleep(0.02)
+        await reader.release()
+        await permit.release()
