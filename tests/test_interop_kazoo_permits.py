@@ -232,3 +232,64 @@ def test_given_up_waiter_leaves_no_lock_contender(
     other = Semaphore(zk_raw, path, max_leases=1)
     assert other.acquire(timeout=5), "nothing of lockkit's holds the semaphore back"
     other.release()
+
+
+def test_mixed_fleet_never_exceeds_the_limit(
+    zookeeper_server: ZooKeeperServer, zk_raw: KazooClient, name: str, path: str
+) -> None:
+    # lockkit's one-write acquire (a multi that needs an empty queue on P-__lock__) and kazoo's rule (count,
+    # then create, under the lock) on one semaphore at once: never more than the limit inside.
+    limit, seconds = 2, 4.0
+    inside, most, rounds = [0], [0], {"lockkit": 0, "kazoo": 0}
+    guard = threading.Lock()
+    stop = time.monotonic() + seconds
+    failures: list[BaseException] = []
+
+    def enter(who: str) -> None:
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            rounds[who] += 1
+        time.sleep(0.002)
+        with guard:
+            inside[0] -= 1
+
+    def lockkit_worker() -> None:
+        try:
+            with lockkit.connect(zookeeper_server.url) as locks:
+                while time.monotonic() < stop:
+                    permit = locks.semaphore(name, limit=limit, ttl=5)
+                    permit.acquire(timeout=20)
+                    try:
+                        enter("lockkit")
+                    finally:
+                        permit.release()
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    def kazoo_worker() -> None:
+        client = KazooClient(hosts=zookeeper_server.hosts)
+        client.start(timeout=10)
+        try:
+            while time.monotonic() < stop:
+                permit = Semaphore(client, path, max_leases=limit)  # a new object per acquisition
+                assert permit.acquire(timeout=20)
+                try:
+                    enter("kazoo")
+                finally:
+                    permit.release()
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            client.stop()
+            client.close()
+
+    workers = [threading.Thread(target=lockkit_worker) for _ in range(5)]
+    workers += [threading.Thread(target=kazoo_worker) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert not failures, failures
+    print(f"mixed fleet: {rounds}, most inside {most[0]}")
+    assert most[0] <= limit and rounds["lockkit"] > 0 and rounds["kazoo"] > 0
