@@ -32,6 +32,9 @@ watching its predecessor). Where kazoo's recipe is weak, lockkit does more (docs
   then or at the next reconnect; it never blocks the queue for the rest of the session.
 * A semaphore and a reader-writer lock of one name are refused with ``ConfigError`` (a contender that finds
   the other kind's nodes after its own create deletes its node and raises), as a mismatched limit is.
+* **One write when nobody queues** (:meth:`ZooKeeperPermits._fast_permit`): a ``multi`` that deletes and
+  remakes the empty lock node (ZooKeeper refuses the delete while it has a child) and creates the permit,
+  kept only if the holders read right after it are within the limit; sound beside kazoo's rule, see there.
 
 Fencing tokens are the ``czxid`` of the holder's node (a permit's lease node, a reader's or writer's node):
 a global transaction id, so tokens strictly increase per name. A writer holds only once every node created
