@@ -47,6 +47,12 @@ class AsyncLock:
         driver: AsyncDriver = self._core.backend.driver
         return driver
 
+    def _inline(self) -> bool:
+        """Whether the driver lets a release or renew run in the caller's task until a cancellation arrives: it
+        declares ``finish_inline`` when its calls never cancel the task they run in (see
+        :func:`~lockkit._async.cancel_safe.finish_even_if_cancelled`); any other driver's run shielded."""
+        return getattr(self._core.backend.driver, "finish_inline", False) is True
+
     def _start(self, token: str, grant: Grant, started: float) -> Lease:
         core = self._core
         lease = core.granted(token, grant, core.clock() - started)
@@ -93,7 +99,8 @@ class AsyncLock:
         core = self._core
         lease = core.held_lease("renew")
         want, ticket = core.start_renewal(lease, ttl)
-        return await finish_even_if_cancelled(self._renew(lease, want, ticket), f"renewing {core.name!r}")
+        step = self._renew(lease, want, ticket)
+        return await finish_even_if_cancelled(step, f"renewing {core.name!r}", self._inline())
 
     async def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
         core = self._core
@@ -119,7 +126,7 @@ class AsyncLock:
         core = self._core
         lease = core.held_lease("release")
         async_scheduler(core.clock).remove(lease)
-        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}")
+        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}", self._inline())
 
     async def _release(self, lease: Lease) -> Lease:
         core = self._core
