@@ -74,7 +74,7 @@ class Pair:
 
 
 FILES: list[Pair] = [
-    Pair("lockkit/_async/lock.py"),
+    Pair("lockkit/_async/lock.py", extra=[(r"AsyncRenewalScheduler", "RenewalScheduler")]),
     Pair("lockkit/_async/locker.py"),
     Pair("lockkit/drivers/_async/epoch_driver.py"),
     # the flow runner: a blocking ``perform`` returns the result itself, not an awaitable

@@ -79,27 +79,25 @@ class _Guard:
     but its outcome never recorded). The guard leaves ``waited`` alone: it takes the task's wake-up back from
     it and wakes the task now with the cancellation (:meth:`result`), and :func:`_inline` hands the step, still
     waiting for ``waited``, to a task of its own.
+
+    Only what an ``asyncio.Task`` uses of the future it waits on is here (``_loop`` stands for ``get_loop``).
     """
 
-    __slots__ = ("_asyncio_future_blocking", "_message", "_wakeups", "cancelled_by_caller", "waited")
+    __slots__ = ("_asyncio_future_blocking", "_loop", "_message", "_wakeups", "cancelled_by_caller", "waited")
 
     def __init__(self, waited: Any) -> None:
         self.waited = waited
         self._asyncio_future_blocking = True  # what asyncio.Task checks to accept a yielded future
-        self._wakeups: list[tuple[Callable[..., object], Any]] = []
-        self._message: Any = None
+        self._loop = waited.get_loop()
+        self._wakeups: tuple[tuple[Callable[..., object], Any], ...] = ()
         self.cancelled_by_caller = False
 
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        loop: asyncio.AbstractEventLoop = self.waited.get_loop()
-        return loop
-
     def add_done_callback(self, fn: Callable[..., object], *, context: Any = None) -> None:
-        self._wakeups.append((fn, context))
+        self._wakeups += ((fn, context),)
         self.waited.add_done_callback(fn, context=context)
 
     def remove_done_callback(self, fn: Callable[..., object]) -> int:
-        self._wakeups = [(f, c) for f, c in self._wakeups if f != fn]
+        self._wakeups = tuple((f, c) for f, c in self._wakeups if f != fn)
         return int(self.waited.remove_done_callback(fn))
 
     def cancel(self, msg: Any = None) -> bool:
@@ -111,10 +109,9 @@ class _Guard:
             # its wake-up of the task is already scheduled: refusing makes the task throw the cancellation in
             # at that wake-up instead of passing the result on, and _inline sees cancelled_by_caller
             return False
-        loop = waited.get_loop()
         for fn, context in self._wakeups:
             waited.remove_done_callback(fn)
-            loop.call_soon(fn, self, context=context)
+            self._loop.call_soon(fn, self, context=context)
         return True
 
     def done(self) -> bool:
