@@ -128,6 +128,24 @@ async def test_A2_inline_cancelled_twice_still_finishes_the_step_once() -> None:
     assert step.saw == ["gate:x", "after-yield", "after-sleep"]
 
 
+async def test_A2_inline_callers_own_timeout_ends_the_wait_not_the_step() -> None:
+    """The caller's ``asyncio.wait_for`` / ``asyncio.timeout`` around a release cancels the caller's task: the
+    caller gets its TimeoutError, the step finishes on its own."""
+    for how in ("wait_for", "timeout"):
+        if how == "timeout" and not hasattr(asyncio, "timeout"):
+            continue
+        step = Step()
+        with pytest.raises(asyncio.TimeoutError):  # the builtin one only from Python 3.11
+            if how == "wait_for":
+                await asyncio.wait_for(finish_even_if_cancelled(step.run(then_sleep=True), "step", inline=True), 0.01)
+            else:
+                async with asyncio.timeout(0.01):  # type: ignore[attr-defined]  # Python 3.11+
+                    await finish_even_if_cancelled(step.run(then_sleep=True), "step", inline=True)
+        step.gate.set_result(how)
+        await asyncio.wait_for(step.finished.wait(), 5)
+        assert step.saw == [f"gate:{how}", "after-yield", "after-sleep"]
+
+
 async def test_A2_inline_failure_of_the_awaited_future_reaches_the_step_and_the_caller() -> None:
     step = Step()
     caller = asyncio.ensure_future(finish_even_if_cancelled(step.run(), "step", inline=True))
