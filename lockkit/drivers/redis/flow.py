@@ -53,9 +53,8 @@ from ...errors import BackendUnavailable
 from ...timing import Clock
 from .calls import Call
 from .keys import LockKeys
-from .quorum import NodeResult, quorum, tally_acquire
+from .quorum import NodeResult, free_in, quorum, tally_acquire
 from .scripts import (
-    ACQUIRE,
     FAIR_ACQUIRE,
     FAIR_FORCE_RELEASE,
     FAIR_RELEASE,
@@ -241,7 +240,10 @@ def redlock_acquire_flow(
     masters: int,
     retry_delay: float,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
-    take = (Call(ACQUIRE, keys.script_keys(1), (token, ms(ttl))),)
+    # A plain SET NX PX, not a script: the fewest a master can do (a Lua call costs each master several times
+    # a SET, and on a machine that runs the masters too that is the client's time as well). How long the lock
+    # stays taken, which a failed SET does not say, comes from the undo that every failed attempt sends anyway.
+    take = (Call(None, (), ("SET", keys.lock, token, "NX", "PX", ms(ttl))),)
     undo: tuple[Call, ...] = ()  # made at the first failed attempt: most acquires never need it
     need = quorum(masters)
     watching = False
@@ -252,8 +254,11 @@ def redlock_acquire_flow(
         tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
-        undo = undo or (Call(RELEASE, keys.script_keys(1), (token, keys.channel)),)
-        yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
+        undo = undo or (
+            Call(RELEASE, keys.script_keys(1), (token, keys.channel)),
+            Call(None, (), ("PTTL", keys.lock)),
+        )
+        undone: list[NodeResult] = yield Send(undo, True)  # on *all* masters: a timed-out one may have applied it
         if tally.reached < need:
             raise BackendUnavailable(
                 f"redlock reached {tally.reached} of {masters} masters but needs {need}; "
@@ -262,7 +267,8 @@ def redlock_acquire_flow(
         left = _left(clock, deadline)
         if left is not None and left <= 0:
             return None
-        if tally.free_in <= 0 or tally.won:
+        free = free_in(results, undone, ttl)
+        if free <= 0 or tally.won:
             # Nobody holds a quorum (free_in 0), or we won some masters: our attempt overlapped another's,
             # perhaps a split vote (whose other keys look held, for their full TTL, until undone). Retry after
             # a random delay, and sleep through wake-ups until then: the losers' undos PUBLISH, and retrying
@@ -287,6 +293,6 @@ def redlock_acquire_flow(
             watching = True
             if (yield Watch()):
                 continue
-        wait = tally.free_in + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * tally.free_in))
+        wait = free + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * free))
         if (yield Wait(wait if left is None else min(wait, left))) == "cancelled":
             return None
