@@ -66,8 +66,8 @@ from .scripts import (
 )
 
 __all__ = [
-    "WAITER_ID", "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call", "redlock_acquire_flow",
-    "release_call", "waiter_id",
+    "WAITER_ID", "YIELD_MIN", "YIELD_ROUNDS", "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call",
+    "redlock_acquire_flow", "release_call", "waiter_id",
 ]  # fmt: skip
 
 MARGIN_MS = 250
@@ -80,6 +80,13 @@ MAX_QUEUE = 1000
 SPLIT_SPREAD = 3
 """Redlock: after a split vote, retry within this many of the failed attempt's round trips (at most
 retry_delay): contenders a round trip apart do not split again."""
+
+YIELD_ROUNDS = 4
+"""Redlock: a release that woke another client's waiter keeps this client's next acquire of that lock (if it
+comes at once) off the masters for this many of the release's round trips (at least YIELD_MIN, at most
+retry_delay), so that the woken waiter, which needs a thread wake-up and a round trip of its own, gets the
+lock instead of the releaser that is already running (see docs/backends/redis.md, "Fairness")."""
+YIELD_MIN = 0.001
 
 R = TypeVar("R")
 Outcome = Literal["woken", "timeout", "cancelled"] | int
@@ -239,7 +246,10 @@ def redlock_acquire_flow(
     clock: Clock,
     masters: int,
     retry_delay: float,
+    pause: float = 0.0,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
+    """``pause``: wait this long before the first attempt (the releaser's yield, YIELD_ROUNDS); a one-shot
+    attempt (``deadline`` already past) does not wait."""
     # A plain SET NX PX, not a script: the fewest a master can do (a Lua call costs each master several times
     # a SET, and on a machine that runs the masters too that is the client's time as well). How long the lock
     # stays taken, which a failed SET does not say, comes from the undo that every failed attempt sends anyway.
@@ -247,6 +257,10 @@ def redlock_acquire_flow(
     undo: tuple[Call, ...] = ()  # made at the first failed attempt: most acquires never need it
     need = quorum(masters)
     watching = False
+    left = _left(clock, deadline)
+    waits = pause > 0 and (left is None or left > 0)  # a one-shot attempt never waits
+    if waits and (yield Wait(pause if left is None else min(pause, left))) == "cancelled":
+        return None
     while True:
         sent_at = clock()
         results: list[NodeResult] = yield Send(take, False)

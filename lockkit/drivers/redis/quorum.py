@@ -14,8 +14,8 @@ from typing import Any
 from ...timing import drift
 
 __all__ = [
-    "NodeResult", "Tally", "count_ok", "count_repeated_misses", "free_in", "quorum", "tally_acquire", "tally_renew",
-    "validity",
+    "NodeResult", "Tally", "count_ok", "count_repeated_misses", "free_in", "others_woken", "quorum", "tally_acquire",
+    "tally_renew", "validity",
 ]  # fmt: skip
 
 
@@ -125,6 +125,11 @@ def tally_renew(
     return "unreachable" if reached < need else "lost"
 
 
+def _true(reply: Any) -> bool:
+    """A script's "done" (1, or RELEASE's 1 + the subscribers it woke), not its "not ours" (0, -1)."""
+    return type(reply) is int and reply > 0
+
+
 def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
     """(masters whose reply was a true integer, masters that answered at all)."""
     ok = reached = 0
@@ -136,8 +141,18 @@ def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
         if isinstance(reply, BaseException):
             continue
         reached += 1
-        ok += reply == 1
+        ok += _true(reply)
     return ok, reached
+
+
+def others_woken(results: Sequence[NodeResult], own: Sequence[bool], index: int = 0) -> bool:
+    """Whether a release woke a subscriber other than this client's own (``own[i]``: this client is subscribed
+    to the lock's channel on master ``i``) on any master: someone else is waiting for the lock."""
+    for result, mine in zip(results, own, strict=True):
+        reply = _reply(result, index)
+        if type(reply) is int and reply - 1 > mine:
+            return True
+    return False
 
 
 def count_repeated_misses(results: Sequence[NodeResult], index: int = 0) -> int:
@@ -145,5 +160,5 @@ def count_repeated_misses(results: Sequence[NodeResult], index: int = 0) -> int:
     return sum(
         1
         for result in results
-        if result.repeated and not isinstance(reply := _reply(result, index), BaseException) and reply != 1
+        if result.repeated and not isinstance(reply := _reply(result, index), BaseException) and not _true(reply)
     )

@@ -60,14 +60,14 @@ return -1
 
 # KEYS[1] lock key
 # ARGV[1] token; ARGV[2] wake-up channel of the same name
-# -> 1 if the key held our token (deleted, waiters woken); 0 otherwise (nothing touched)
+# -> 1 + the number of subscribers woken if the key held our token (deleted, waiters woken); 0 otherwise
+#    (nothing touched). Redlock's releaser reads who else was waiting from it (see flow.YIELD_ROUNDS).
 RELEASE = Script(
     "release",
     """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('publish', ARGV[2], '')
-  return 1
+  return 1 + redis.call('publish', ARGV[2], '')
 end
 return 0
 """,

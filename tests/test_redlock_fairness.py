@@ -1,0 +1,107 @@
+"""Redlock under contention (docs/reliability.md, L-8): a releaser does not take the lock straight back from
+another client that is waiting for it, and no process starves.
+
+A release's PUBLISH says how many subscribers it woke; when one of them is another client's, this client's
+next acquire of the lock waits a few round trips first (lockkit.drivers.redis.flow.YIELD_ROUNDS), so the woken
+waiter, which needs a wake-up and a round trip of its own, gets there first. Without that, a releaser that
+acquires again at once wins nearly every time: it is already running, the waiter is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import redis
+
+import lockkit
+from backends.servers import RedlockServers
+from lockkit.cli.contention import contention
+from lockkit.drivers.redis.keys import lock_keys
+
+CYCLES = 20
+"""How many times the holder releases and at once acquires again while the other client waits."""
+MOST_BEFORE_THE_WAITER = 5
+"""Generous: with the yield the waiter gets the lock at the first release on a quiet machine."""
+
+
+def _name() -> str:
+    return f"fair-{uuid.uuid4().hex[:8]}"
+
+
+def _waiting(servers: RedlockServers, name: str, subscribers: int = 1) -> None:
+    """Return once every master counts ``subscribers`` on the lock's wake-up channel (the waiter is waiting)."""
+    channel = lock_keys("lockkit:", name).channel
+    clients = [redis.Redis(host=s.host, port=s.port, socket_timeout=2) for s in servers]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if all(c.pubsub_numsub(channel)[0][1] >= subscribers for c in clients):
+            return
+        time.sleep(0.005)
+    raise AssertionError("the waiter never subscribed to the lock's wake-up channel")
+
+
+def test_L8_releaser_yields_to_a_waiting_client(redlock_servers: RedlockServers) -> None:
+    n = _name()
+    with lockkit.connect(redlock_servers.url) as a, lockkit.connect(redlock_servers.url) as b:
+        holder = a.lock(n, ttl=10, auto_renew=False)
+        holder.acquire(timeout=5)
+        got = threading.Event()
+
+        def wait_then_take() -> None:
+            lock = b.lock(n, ttl=10, auto_renew=False)
+            lock.acquire(timeout=20)
+            got.set()
+            lock.release()
+
+        waiter = threading.Thread(target=wait_then_take)
+        waiter.start()
+        try:
+            _waiting(redlock_servers, n)
+            before = 0
+            for _ in range(CYCLES):
+                holder.release()
+                holder.acquire(timeout=20)  # at once: the releaser is running, the waiter must first wake up
+                if got.is_set():
+                    break
+                before += 1
+            holder.release()
+        finally:
+            waiter.join(30)
+        assert got.is_set()
+        assert before <= MOST_BEFORE_THE_WAITER, f"the releaser took the lock back {before} times in a row"
+
+
+async def test_L8_async_releaser_yields_to_a_waiting_client(redlock_servers: RedlockServers) -> None:
+    n = _name()
+    async with lockkit.connect_async(redlock_servers.url) as a, lockkit.connect_async(redlock_servers.url) as b:
+        holder = a.lock(n, ttl=10, auto_renew=False)
+        await holder.acquire(timeout=5)
+
+        async def wait_then_take() -> None:
+            lock = b.lock(n, ttl=10, auto_renew=False)
+            await lock.acquire(timeout=20)
+            await lock.release()
+
+        waiter = asyncio.ensure_future(wait_then_take())
+        await asyncio.to_thread(_waiting, redlock_servers, n)
+        before = 0
+        for _ in range(CYCLES):
+            await holder.release()
+            await holder.acquire(timeout=20)
+            if waiter.done():
+                break
+            before += 1
+        await holder.release()
+        await asyncio.wait_for(waiter, 30)
+        assert before <= MOST_BEFORE_THE_WAITER, f"the releaser took the lock back {before} times in a row"
+
+
+def test_L8_no_process_starves(redlock_servers: RedlockServers) -> None:
+    """4 processes × 3 s, ~1 ms hold: every process gets at least half as many acquisitions as the luckiest
+    (a liveness bound, far below what the benchmark shows; never a speed)."""
+    result = contention(redlock_servers.url, 3.0, procs=4)
+    assert result.fairness >= 0.5, result.counts
+    assert min(result.counts) > 0
