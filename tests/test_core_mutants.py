@@ -18,6 +18,7 @@ from lockkit.drivers.redis.quorum import (
     count_ok,
     count_repeated_misses,
     free_in,
+    others_woken,
     quorum,
     tally_acquire,
     tally_renew,
@@ -124,3 +125,17 @@ def test_tally_renew_looks_at_every_master_whatever_comes_first() -> None:
 def test_count_ok_counts_the_true_replies_not_the_others() -> None:
     assert count_ok([_r(1), _r(1), _r(0), _r(OSError())]) == (2, 3)
     assert count_repeated_misses([_r(0, repeated=True), _r(0, repeated=True), _r(1, repeated=True)]) == 2
+
+
+def test_count_ok_takes_a_release_that_woke_subscribers_as_done() -> None:
+    # RELEASE returns 1 + the subscribers its PUBLISH reached; 0 is "not ours"
+    assert count_ok([_r(1), _r(3), _r(0), _r(b"1"), _r(-1)]) == (2, 5)
+    assert count_repeated_misses([_r(2, repeated=True), _r(0, repeated=True)]) == 1
+
+
+def test_others_woken_discounts_this_clients_own_subscription() -> None:
+    own = [True, False, True]
+    assert not others_woken([_r(2), _r(1), _r(2)], own)  # only ours listened (or nobody)
+    assert others_woken([_r(2), _r(2), _r(2)], own)  # someone else on the second master
+    assert others_woken([_r(3), _r(1), _r(1)], own)  # ours and another on the first
+    assert not others_woken([_r(0), _r(OSError()), _r(1)], own)  # not ours, no answer: says nothing

@@ -643,3 +643,33 @@ def test_redlock_missed_wake_up_retries_before_waiting(clock: FakeClock, run: Ru
     grant, _epochs = run(_redlock(clock), script)
     script.done()
     assert script.kinds() == ["Send", "Send", "Watch", "Send"] and grant.sent_at == START
+
+
+def test_redlock_pause_waits_before_the_first_attempt(clock: FakeClock, run: Runner) -> None:
+    """The releaser's yield (flow.YIELD_ROUNDS): the first attempt goes out only after the pause."""
+    flow = redlock_acquire_flow(KEYS, TOKEN, TTL, None, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Wait, "timeout", takes=0.004), Step(Send, [_won()] * MASTERS)])
+    grant, _epochs = run(flow, script)
+    script.done()
+    wait = script.ops[0]
+    assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.004)
+    assert grant.sent_at == pytest.approx(START + 0.004)  # validity counted from the attempt, after the pause
+
+
+def test_redlock_pause_is_capped_by_the_deadline_and_skipped_by_a_one_shot(clock: FakeClock, run: Runner) -> None:
+    capped = redlock_acquire_flow(KEYS, TOKEN, TTL, START + 0.001, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Wait, "timeout", takes=0.001), Step(Send, [_won()] * MASTERS)])
+    run(capped, script)
+    wait = script.ops[0]
+    assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.001)
+    one_shot = redlock_acquire_flow(KEYS, TOKEN, TTL, START, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Send, [_won()] * MASTERS)])
+    run(one_shot, script)
+    assert script.kinds() == ["Send"]
+
+
+def test_redlock_cancel_during_the_pause_gives_up(clock: FakeClock, run: Runner) -> None:
+    flow = redlock_acquire_flow(KEYS, TOKEN, TTL, None, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Wait, "cancelled")])
+    assert run(flow, script) is None
+    script.done()

@@ -19,6 +19,7 @@ import redis
 import lockkit
 from backends.servers import RedlockServers
 from lockkit.cli.contention import contention
+from lockkit.drivers.redis.flow import YIELD_MIN
 from lockkit.drivers.redis.keys import lock_keys
 
 CYCLES = 20
@@ -41,6 +42,68 @@ def _waiting(servers: RedlockServers, name: str, subscribers: int = 1) -> None:
             return
         time.sleep(0.005)
     raise AssertionError("the waiter never subscribed to the lock's wake-up channel")
+
+
+class _Listener:
+    """Another client waiting for the lock, as the masters see it: a subscriber to its wake-up channel on each."""
+
+    def __init__(self, servers: RedlockServers, name: str) -> None:
+        channel = lock_keys("lockkit:", name).channel
+        self.subs = [redis.Redis(host=s.host, port=s.port, socket_timeout=2).pubsub() for s in servers]
+        for sub in self.subs:
+            sub.subscribe(channel)
+            sub.get_message(timeout=2)  # the confirmation
+
+    def close(self) -> None:
+        for sub in self.subs:
+            sub.close()
+
+
+ROUNDS = 5
+
+
+def test_L8_releaser_waits_before_acquiring_again_while_another_client_listens(
+    redlock_servers: RedlockServers,
+) -> None:
+    """The mechanism, measured as a lower bound (a pause, never a speed): with another client's subscriber on
+    the lock's channel, every acquire right after this client's release waits at least YIELD_MIN first."""
+    n = _name()
+    listener = _Listener(redlock_servers, n)
+    try:
+        with lockkit.connect(redlock_servers.url) as locks:
+            lock = locks.lock(n, ttl=10, auto_renew=False)
+            lock.acquire(timeout=5)
+            took = []
+            for _ in range(ROUNDS):
+                lock.release()
+                started = time.monotonic()
+                lock.acquire(timeout=5)
+                took.append(time.monotonic() - started)
+            lock.release()
+    finally:
+        listener.close()
+    assert min(took) >= 0.9 * YIELD_MIN, [f"{t * 1e3:.2f} ms" for t in took]
+
+
+async def test_L8_async_releaser_waits_before_acquiring_again_while_another_client_listens(
+    redlock_servers: RedlockServers,
+) -> None:
+    n = _name()
+    listener = await asyncio.to_thread(_Listener, redlock_servers, n)
+    try:
+        async with lockkit.connect_async(redlock_servers.url) as locks:
+            lock = locks.lock(n, ttl=10, auto_renew=False)
+            await lock.acquire(timeout=5)
+            took = []
+            for _ in range(ROUNDS):
+                await lock.release()
+                started = time.monotonic()
+                await lock.acquire(timeout=5)
+                took.append(time.monotonic() - started)
+            await lock.release()
+    finally:
+        listener.close()
+    assert min(took) >= 0.9 * YIELD_MIN, [f"{t * 1e3:.2f} ms" for t in took]
 
 
 def test_L8_releaser_yields_to_a_waiting_client(redlock_servers: RedlockServers) -> None:
