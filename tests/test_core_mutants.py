@@ -134,8 +134,14 @@ def test_count_ok_takes_a_release_that_woke_subscribers_as_done() -> None:
 
 
 def test_others_woken_discounts_this_clients_own_subscription() -> None:
-    own = [True, False, True]
+    asked: list[int] = []
+
+    def own(i: int) -> bool:
+        asked.append(i)
+        return i != 1  # this client listens on the first and third masters
+
     assert not others_woken([_r(2), _r(1), _r(2)], own)  # only ours listened (or nobody)
+    assert asked == [0, 2]  # asked only where the release woke someone
     assert others_woken([_r(2), _r(2), _r(2)], own)  # someone else on the second master
     assert others_woken([_r(3), _r(1), _r(1)], own)  # ours and another on the first
     assert not others_woken([_r(0), _r(OSError()), _r(1)], own)  # not ours, no answer: says nothing

@@ -7,7 +7,7 @@ monotonic clock from *before* the first request was sent.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,12 +145,13 @@ def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
     return ok, reached
 
 
-def others_woken(results: Sequence[NodeResult], own: Sequence[bool], index: int = 0) -> bool:
-    """Whether a release woke a subscriber other than this client's own (``own[i]``: this client is subscribed
-    to the lock's channel on master ``i``) on any master: someone else is waiting for the lock."""
-    for result, mine in zip(results, own, strict=True):
+def others_woken(results: Sequence[NodeResult], own: Callable[[int], bool], index: int = 0) -> bool:
+    """Whether a release woke a subscriber other than this client's own (``own(i)``: this client is subscribed
+    to the lock's channel on master ``i``, asked only of a master that woke someone) on any master: someone
+    else is waiting for the lock."""
+    for i, result in enumerate(results):
         reply = _reply(result, index)
-        if type(reply) is int and reply - 1 > mine:
+        if type(reply) is int and reply > 1 and reply - 1 > own(i):
             return True
     return False
 

@@ -216,7 +216,7 @@ class RedlockDriver:
         ok, reached = count_ok(results)
         if ok >= self.need:
             channel = call.args[1]
-            if others_woken(results, [hub.snapshot(channel) is not None for hub in self._hubs]):
+            if others_woken(results, lambda i: self._hubs[i].snapshot(channel) is not None):
                 self._yield(name, sent_at)
             return True
         # A master whose release was retried after the connection broke under it may have run the first
