@@ -610,15 +610,51 @@ def test_redlock_deadline_passing_returns_none_after_the_undo(clock: FakeClock, 
             Step(Send, undo),
             Step(Watch, False),
             Step(Wait, "timeout", takes=0.4),
-            Step(Send, held, takes=0.1),
-            Step(Send, undo),
+            Step(Send, [_lost_probe(5000)] * MASTERS, takes=0.1),
         ],
     )
     assert run(_redlock(clock, deadline=START + 0.5), script) is None
     script.done()
     wait = script.ops[3]
     assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.4)  # capped at what was left
-    assert [send.calls[0].script for send in script.sends] == [None, RELEASE, None, RELEASE]
+    # the first attempt a plain SET, undone; the retry SET + PTTL, which won nowhere: no undo
+    assert [[c.args[0] if c.script is None else c.script for c in send.calls] for send in script.sends] == [
+        ["SET"], [RELEASE, "PTTL"], ["SET", "PTTL"]
+    ]
+
+
+def _lost_probe(pttl_ms: int) -> NodeResult:
+    """A contended attempt's replies on a master someone else holds: SET's nil, then the lock's PTTL."""
+    return NodeResult([None, pttl_ms], 0)
+
+
+def test_redlock_retry_that_won_nowhere_needs_no_undo_but_one_that_won_somewhere_does(
+    clock: FakeClock, run: Runner
+) -> None:
+    script = Script(
+        clock,
+        [
+            Step(Send, [_lost()] * MASTERS),
+            Step(Send, _not_ours(3000)),
+            Step(Watch, False),
+            Step(Wait, "woken"),
+            Step(Send, [_lost_probe(2000)] * MASTERS),  # every master answered nil: nothing to undo
+            Step(Wait, "woken"),
+            # won 1, one master down (it may have applied the SET): undone on every master
+            Step(Send, [NodeResult([b"OK", -2], 0)] + [_lost_probe(2000)] * 3 + [_down()]),
+            Step(Send, [NodeResult([1, -2], 0), *_not_ours(2000)[1:]], takes=0.001),
+            # a race, not a held quorum: a random pause of at most 3 round trips (0 here: no time passed)
+            Step(Send, [NodeResult([b"OK", 10_000], 0)] * MASTERS),
+        ],
+    )
+    grant, _epochs = run(_redlock(clock), script)
+    script.done()
+    assert script.kinds() == ["Send", "Send", "Watch", "Wait", "Send", "Wait", "Send", "Send", "Send"]
+    wait = script.ops[5]  # from the probe's own PTTLs: a quorum frees in 2 s (plus jitter)
+    assert isinstance(wait, Wait) and wait.timeout is not None and 2.0 < wait.timeout <= 2.0 + 0.0505
+    undo = script.sends[4]  # after the first attempt, its undo, the probe, the attempt that won one
+    assert undo.idempotent and undo.calls[0].script is RELEASE
+    assert grant.sent_at == script.started[8]
 
 
 def test_redlock_cancel_during_the_wait_gives_up(clock: FakeClock, run: Runner) -> None:
@@ -648,11 +684,12 @@ def test_redlock_missed_wake_up_retries_before_waiting(clock: FakeClock, run: Ru
 def test_redlock_pause_waits_before_the_first_attempt(clock: FakeClock, run: Runner) -> None:
     """The releaser's yield (flow.YIELD_ROUNDS): the first attempt goes out only after the pause."""
     flow = redlock_acquire_flow(KEYS, TOKEN, TTL, None, clock, MASTERS, RETRY_DELAY, pause=0.004)
-    script = Script(clock, [Step(Wait, "timeout", takes=0.004), Step(Send, [_won()] * MASTERS)])
+    script = Script(clock, [Step(Wait, "timeout", takes=0.004), Step(Send, [NodeResult([b"OK", 10_000], 0)] * 5)])
     grant, _epochs = run(flow, script)
     script.done()
     wait = script.ops[0]
     assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.004)
+    assert [c.args[0] for c in script.sends[0].calls] == ["SET", "PTTL"]  # it expects the lock taken
     assert grant.sent_at == pytest.approx(START + 0.004)  # validity counted from the attempt, after the pause
 
 

@@ -28,7 +28,8 @@ lock to the first live waiter and tells only that waiter (see the fair scripts
 in :mod:`.scripts`), so the hand-off costs the waiter no round trip, and
 a waiter that gives up leaves the queue (passing on a grant that reached it too
 late). A one-shot attempt (deadline already past) never queues. Redlock stays
-unqueued: per-master queues could disagree on the head and split the vote.
+unqueued: per-master queues could disagree on the head and split the vote; a releaser that woke another
+client's waiter pauses its next attempt instead (the ``pause`` of :func:`redlock_acquire_flow`).
 
 A granted waiter counts its validity from before its *first* attempt: the
 release set the key's TTL after that attempt queued it, so the server's expiry
@@ -253,26 +254,31 @@ def redlock_acquire_flow(
     # A plain SET NX PX, not a script: the fewest a master can do (a Lua call costs each master several times
     # a SET, and on a machine that runs the masters too that is the client's time as well). How long the lock
     # stays taken, which a failed SET does not say, comes from the undo that every failed attempt sends anyway.
-    take = (Call(None, (), ("SET", keys.lock, token, "NX", "PX", ms(ttl))),)
-    undo: tuple[Call, ...] = ()  # made at the first failed attempt: most acquires never need it
+    take: tuple[Call, ...] = (Call(None, (), ("SET", keys.lock, token, "NX", "PX", ms(ttl))),)
+    pttl = Call(None, (), ("PTTL", keys.lock))
+    probe = (*take, pttl)
+    """A contended attempt: the SET and the lock's PTTL, so that one that won nowhere needs no undo."""
+    undo: tuple[Call, ...] = ()  # made at the first undo: most acquires never need it
     need = quorum(masters)
     watching = False
     left = _left(clock, deadline)
     waits = pause > 0 and (left is None or left > 0)  # a one-shot attempt never waits
     if waits and (yield Wait(pause if left is None else min(pause, left))) == "cancelled":
         return None
+    contended = pause > 0  # a releaser that yields expects to find the lock taken
     while True:
         sent_at = clock()
-        results: list[NodeResult] = yield Send(take, False)
+        results: list[NodeResult] = yield Send(probe if contended else take, False)
         elapsed = clock() - sent_at
         tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
-        undo = undo or (
-            Call(RELEASE, keys.script_keys(1), (token, keys.channel)),
-            Call(None, (), ("PTTL", keys.lock)),
-        )
-        undone: list[NodeResult] = yield Send(undo, True)  # on *all* masters: a timed-out one may have applied it
+        if contended and tally.reached == masters and not tally.won:
+            undone = results  # every master answered nil: our key is nowhere, and the PTTLs came along
+        else:
+            undo = undo or (Call(RELEASE, keys.script_keys(1), (token, keys.channel)), pttl)
+            undone = yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
+        contended = True
         if tally.reached < need:
             raise BackendUnavailable(
                 f"redlock reached {tally.reached} of {masters} masters but needs {need}; "
