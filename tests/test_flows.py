@@ -710,3 +710,48 @@ def test_redlock_cancel_during_the_pause_gives_up(clock: FakeClock, run: Runner)
     script = Script(clock, [Step(Wait, "cancelled")])
     assert run(flow, script) is None
     script.done()
+
+
+def test_redlock_retry_after_an_undo_that_missed_a_master_is_undone_again(clock: FakeClock, run: Runner) -> None:
+    """An undo that did not reach a master may have left our key there, and that master then answers the next
+    SET NX with nil like any held master: so that retry is undone too, even though it won nowhere."""
+    script = Script(
+        clock,
+        [
+            Step(Send, [_down(), _lost(), _lost(), _lost(), _lost()]),  # the first master may have applied it
+            Step(Send, [_down(), *_not_ours(3000)[1:]]),  # and the undo misses it too
+            Step(Watch, False),
+            Step(Wait, "woken"),
+            Step(Send, [_lost_probe(3000)] * MASTERS),  # nil everywhere, the first master's maybe our own key
+            Step(Send, [NodeResult([1, -2], 0), *_not_ours(3000)[1:]]),  # undone: it was
+            Step(Wait, "woken"),
+            Step(Send, [_lost_probe(3000)] * MASTERS),  # now nothing of ours is left anywhere: no undo
+            Step(Wait, "cancelled"),
+        ],
+    )
+    assert run(_redlock(clock), script) is None
+    script.done()
+    assert script.kinds() == ["Send", "Send", "Watch", "Wait", "Send", "Send", "Wait", "Send", "Wait"]
+    assert script.sends[3].calls[0].script is RELEASE
+
+
+def test_redlock_retry_that_won_a_minority_is_undone_even_with_every_master_answering(
+    clock: FakeClock, run: Runner
+) -> None:
+    won_two = [NodeResult([b"OK", 10_000], 0)] * 2 + [_lost_probe(3000)] * 3
+    script = Script(
+        clock,
+        [
+            Step(Send, [_lost()] * MASTERS),
+            Step(Send, _not_ours(3000)),
+            Step(Watch, False),
+            Step(Wait, "woken"),
+            Step(Send, won_two, takes=0.001),
+            Step(Send, [NodeResult([1, -2], 0)] * 2 + _not_ours(3000)[2:]),  # the minority grant, released
+            Step(Wait, "cancelled"),
+        ],
+    )
+    assert run(_redlock(clock), script) is None
+    script.done()
+    undo = script.sends[3]
+    assert undo.idempotent and undo.calls[0].script is RELEASE and TOKEN in undo.calls[0].args

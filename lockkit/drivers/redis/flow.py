@@ -239,6 +239,12 @@ def acquire_flow(
     return None
 
 
+def answered(result: NodeResult) -> bool:
+    """A master ran the first call sent to it (its reply is not an error)."""
+    replies = result.replies
+    return not isinstance(replies, BaseException) and not isinstance(replies[0], BaseException)
+
+
 def redlock_acquire_flow(
     keys: LockKeys,
     token: str,
@@ -266,6 +272,7 @@ def redlock_acquire_flow(
     if waits and (yield Wait(pause if left is None else min(pause, left))) == "cancelled":
         return None
     contended = pause > 0  # a releaser that yields expects to find the lock taken
+    leftover = False  # an undo did not reach every master: one may still hold our key (its nil means "ours")
     while True:
         sent_at = clock()
         results: list[NodeResult] = yield Send(probe if contended else take, False)
@@ -273,11 +280,12 @@ def redlock_acquire_flow(
         tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
-        if contended and tally.reached == masters and not tally.won:
+        if contended and not leftover and tally.reached == masters and not tally.won:
             undone = results  # every master answered nil: our key is nowhere, and the PTTLs came along
         else:
             undo = undo or (Call(RELEASE, keys.script_keys(1), (token, keys.channel)), pttl)
             undone = yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
+            leftover = not all(answered(result) for result in undone)
         contended = True
         if tally.reached < need:
             raise BackendUnavailable(
