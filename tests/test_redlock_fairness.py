@@ -19,8 +19,13 @@ import redis
 import lockkit
 from backends.servers import RedlockServers
 from lockkit.cli.contention import contention
+from lockkit.driver import DriverContext
+from lockkit.drivers.redis._sync.redlock import YIELDS_KEPT
 from lockkit.drivers.redis.flow import YIELD_MIN
 from lockkit.drivers.redis.keys import lock_keys
+from lockkit.drivers.redis.redlock import RedlockDriver
+from lockkit.testing import FakeClock
+from lockkit.urls import parse_url
 
 CYCLES = 20
 """How many times the holder releases and at once acquires again while the other client waits."""
@@ -174,3 +179,20 @@ def test_L8_no_process_starves(redlock_servers: RedlockServers) -> None:
     result = contention(redlock_servers.url, 3.0, procs=4)
     assert result.fairness >= 0.5, result.counts
     assert min(result.counts) > 0
+
+
+def test_releaser_pauses_kept_stay_bounded() -> None:
+    """A client that releases many contended locks and never acquires them again keeps at most YIELDS_KEPT
+    pauses: the finished ones are forgotten first, the pending ones kept. No I/O (no master is reached)."""
+    clock = FakeClock(1000.0)
+    url = parse_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4,127.0.0.1:5")
+    driver = RedlockDriver.from_url(url, DriverContext(clock=clock))
+    for i in range(YIELDS_KEPT):
+        driver._yield(f"old-{i}", clock())
+    clock.advance(1.0)  # every one of those pauses is over (a pause is at most retry_delay)
+    driver._yield("recent", clock())
+    assert set(driver._yields) == {"recent"}
+    for i in range(2 * YIELDS_KEPT):  # all pending at once: the table is cleared rather than let grow
+        driver._yield(f"new-{i}", clock())
+    assert len(driver._yields) <= YIELDS_KEPT
+    driver.close()

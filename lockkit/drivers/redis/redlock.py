@@ -20,8 +20,9 @@ may have applied it) before waiting: for the release's wake-up when someone hold
 split vote or a race, for a random pause of at most three round trips (and ``retry_delay``) that ignores
 wake-ups, so that the losers do not retry in step. Only a retry that every master answered with "taken"
 is not undone (our key is nowhere, unless an earlier undo missed a master: then it is undone too): a retry
-also asks each master the lock's ``PTTL``, which a first attempt leaves to its undo. A renewal holds only on a quorum within validity, and a master whose
-``run_id`` changed since the acquire (it restarted, perhaps without our key) does not count.
+also asks each master the lock's ``PTTL``, which a first attempt leaves to its undo. A renewal holds only
+on a quorum within validity, and a master whose ``run_id`` changed since the acquire (it restarted,
+perhaps without our key) does not count.
 
 **Guarantees and their limits.** Safety rests on timing: bounded clock drift between masters
 and clients, and no process pause longer than the validity; a master restarted without

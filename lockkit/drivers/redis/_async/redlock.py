@@ -48,6 +48,8 @@ GUARANTEES = Guarantees(
     semaphores=REDLOCK_PERMITS,  # issue 18: the reason is in ..semaphore_scripts
 )
 MAX_TRACKED = 100_000
+YIELDS_KEPT = 1024
+"""Pending releaser's pauses kept per driver before the finished ones are forgotten."""
 
 Epochs = tuple[int | None, ...]
 """Each master's restart count (:attr:`..config.NodeState.epoch`) when a lease was granted; None: not reached."""
@@ -235,8 +237,10 @@ class AsyncRedlockDriver:
         """Someone else waits for ``name``, which this client just released: its next acquire waits a little."""
         now = self.clock()
         pause = min(self.options.retry_delay, max(YIELD_MIN, YIELD_ROUNDS * (now - sent_at)))
-        if len(self._yields) >= MAX_TRACKED:
-            self._yields.clear()  # stale entries only cost a short pause; never let them grow without bound
+        if len(self._yields) >= YIELDS_KEPT:  # most are over (a pause is at most retry_delay): forget those
+            self._yields = {n: until for n, until in self._yields.items() if until > now}
+            if len(self._yields) >= YIELDS_KEPT:
+                self._yields.clear()  # a forgotten pause only lets this client go first once
         self._yields[name] = now + pause
 
     async def force_release(self, name: str) -> bool:
