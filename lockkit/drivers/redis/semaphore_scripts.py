@@ -71,6 +71,10 @@ class PermitKeys:
         """The ``KEYS`` every permit script takes, in this order."""
         return (self.holders, self.writers, self.wexp, self.meta, self.queue, self.qexp, self.fences)
 
+    def renew_keys(self) -> tuple[bytes, bytes]:
+        """The ``KEYS`` of :data:`SEM_RENEW`, which needs only these two."""
+        return (self.holders, self.fences)
+
 
 @functools.lru_cache(maxsize=1 << 14)
 def permit_keys(prefix: str, name: str) -> PermitKeys:
@@ -235,6 +239,8 @@ return {1, grant(ARGV[1], ttl)}
 """,
 )
 
+# KEYS: holders, fences only (:meth:`PermitKeys.renew_keys`): both exist while anyone holds, so a renewal is
+# served while the name's slot migrates (a cluster answers TRYAGAIN to a script some of whose keys are missing).
 # ARGV[1] token; ARGV[2] ttl ms -> the permit's fence if it was still ours (its expiry moved), -1 otherwise
 SEM_RENEW = Script(
     "sem_renew",
@@ -244,7 +250,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local at = redis.call('zscore', KEYS[1], ARGV[1])
 if not at or tonumber(at) <= now then return -1 end
 redis.call('zadd', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-return tonumber(redis.call('hget', KEYS[7], ARGV[1]) or '0')
+return tonumber(redis.call('hget', KEYS[2], ARGV[1]) or '0')
 """,
 )
 

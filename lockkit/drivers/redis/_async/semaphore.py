@@ -157,7 +157,7 @@ class AsyncRedisPermits:
     async def renew_permits(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         sent_at = self._driver.clock()
         renew = self.scripts.renew
-        calls = [Call(renew, self._keys(r.name).script_keys(), (r.token, ms(r.ttl))) for r in requests]
+        calls = [Call(renew, self._keys(r.name).renew_keys(), (r.token, ms(r.ttl))) for r in requests]
         results: list[Grant | Exception | None] = []
         for request, got in zip(requests, await self._renew_replies(calls), strict=True):
             if isinstance(got, BackendUnavailable):
