@@ -18,7 +18,7 @@ import redis
 
 import lockkit
 from backends.pytest_fixtures import SentinelFactory
-from backends.servers import SentinelSet
+from backends.servers import RedisServer, SentinelSet
 from lockkit.drivers.epoch import EPOCH_SHIFT
 from lockkit.testing import AsyncSemaphoreSuite, SemaphoreSuite
 
@@ -182,3 +182,16 @@ def test_S20_async_holder_follows_and_tokens_stay_monotonic(fresh_sentinel: Sent
             await locks.force_release_permits(n)
 
     asyncio.run(main())
+
+
+def test_min_replicas_is_waited_for_by_permits_too(redis_server: RedisServer) -> None:
+    """``min_replicas`` (every Redis scheme: here one server without replicas) makes a permit's grant WAIT for
+    the replicas, as a lock's does: fewer acknowledgements give the permit back and raise, never a permit
+    that a failover would silently lose."""
+    n = name()
+    with lockkit.connect(redis_server.url + "?min_replicas=1&replica_timeout=0.2") as locks:
+        with pytest.raises(lockkit.BackendUnavailable, match="min_replicas"):
+            locks.semaphore(n, limit=2, ttl=10).acquire(timeout=2)
+        with pytest.raises(lockkit.BackendUnavailable, match="min_replicas"):
+            locks.rwlock(n + "-rw", ttl=10).write().try_acquire()
+        assert locks.permit_holders(n).holders == 0  # given back

@@ -364,11 +364,10 @@ class AsyncClusterPermits(AsyncRedisPermits):
     (``MOVED``, ``ASK`` but for an acquire, ``TRYAGAIN``, a failover) and whose waiters wait on sharded pub/sub
     there (:mod:`..cluster_hub`). Acquire and info calls are pipelined with ``CLUSTER INFO``: the fence is lifted by
     the epoch of the master that ran them; a grant told by a release's message is confirmed by one more attempt
-    for that epoch. Renewals go in one pipeline per master.
+    for that epoch (:meth:`_by_message`). Renewals go in one pipeline per master.
     """
 
     scripts = SHARDED_SCRIPTS
-    confirm_grants = True
 
     def __init__(self, driver: AsyncClusterDriver) -> None:
         super().__init__(driver)
@@ -383,3 +382,6 @@ class AsyncClusterPermits(AsyncRedisPermits):
 
     async def _renew_replies(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
         return await self._cluster._per_master(calls)
+
+    def _by_message(self, mark: Any, fence: int) -> None:
+        return None  # only a reply names the epoch (the CLUSTER INFO behind it): confirm with one more attempt

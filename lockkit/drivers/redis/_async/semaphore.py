@@ -8,8 +8,8 @@ holder's expiry, and a queued writer also refreshes its place well within its tt
 
 The Sentinel and Cluster drivers subclass it (in ``sentinel.py`` and ``cluster.py``): they change where a call
 runs (:meth:`AsyncRedisPermits._send`, which also names the config epoch of the master that ran it: fences are
-lifted by it), the scripts and keys (sharded pub/sub on a cluster), and confirm a grant told by a release's
-message with one more attempt, whose reply carries the epoch (:attr:`AsyncRedisPermits.confirm_grants`).
+lifted by it), the scripts and keys (sharded pub/sub on a cluster), and may confirm a grant told by a
+release's message with one more attempt, whose reply carries the epoch (:meth:`AsyncRedisPermits._by_message`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ class AsyncRedisPermits:
     """The :class:`~lockkit.driver.AsyncPermitDriver` of one :class:`AsyncRedisDriver`."""
 
     scripts: ClassVar[PermitScripts] = PLAIN_SCRIPTS
-    confirm_grants: ClassVar[bool] = False
-    """A grant told by a release's message is confirmed by one more attempt (it finds the token and returns its
-    fence): on Sentinel and Cluster, where a fence needs the epoch of the master that granted it, which only a
-    reply names (the message may come from a master that failed over since)."""
 
     def __init__(self, driver: AsyncRedisDriver) -> None:
         self._driver = driver
@@ -63,6 +59,15 @@ class AsyncRedisPermits:
     def _lift(epoch: int, fence: int) -> int:
         return composite_token(epoch, fence) if epoch else fence
 
+    async def _mark(self) -> Any:
+        """What :meth:`_by_message` needs to know of the time the acquire began (nothing here)."""
+        return None
+
+    def _by_message(self, mark: Any, fence: int) -> int | None:
+        """The fencing token of a grant told by a release's message, or None: confirm it with one more attempt
+        (it finds the token and returns its fence, with its master's epoch). Here: the message's fence as it is."""
+        return fence
+
     async def acquire_permit(
         self,
         name: str,
@@ -78,6 +83,7 @@ class AsyncRedisPermits:
         driver, keys = self._driver, self._keys(name)
         hub = driver._hub
         hub.own_process()
+        mark = await self._mark()
         # A permit waiter queues under its waiter id, so that a release can grant it the permit directly on
         # its client's channel (as a lock's release does); readers and writers are woken on the name's channel.
         # The client's channel: <prefix>client:<id> (the hub's own), in the name's slot on a cluster.
@@ -136,9 +142,10 @@ class AsyncRedisPermits:
                     return None
                 if isinstance(outcome, int):  # a release granted us the permit: its fencing token
                     assert queued_at is not None
-                    if self.confirm_grants or replicas:
+                    fence = None if replicas else self._by_message(mark, outcome)
+                    if fence is None:
                         continue  # the next attempt finds our token: its reply names the epoch (and WAITs)
-                    return Grant(outcome, ttl, queued_at)
+                    return Grant(fence, ttl, queued_at)
         except BaseException:
             # An attempt or a release may have granted us a permit (its reply or message lost), or we are queued:
             # remove both now and pass the permit on.

@@ -10,8 +10,8 @@ holder's expiry, and a queued writer also refreshes its place well within its tt
 
 The Sentinel and Cluster drivers subclass it (in ``sentinel.py`` and ``cluster.py``): they change where a call
 runs (:meth:`RedisPermits._send`, which also names the config epoch of the master that ran it: fences are
-lifted by it), the scripts and keys (sharded pub/sub on a cluster), and confirm a grant told by a release's
-message with one more attempt, whose reply carries the epoch (:attr:`RedisPermits.confirm_grants`).
+lifted by it), the scripts and keys (sharded pub/sub on a cluster), and may confirm a grant told by a
+release's message with one more attempt, whose reply carries the epoch (:meth:`RedisPermits._by_message`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,6 @@ class RedisPermits:
     """The :class:`~lockkit.driver.PermitDriver` of one :class:`RedisDriver`."""
 
     scripts: ClassVar[PermitScripts] = PLAIN_SCRIPTS
-    confirm_grants: ClassVar[bool] = False
-    """A grant told by a release's message is confirmed by one more attempt (it finds the token and returns its
-    fence): on Sentinel and Cluster, where a fence needs the epoch of the master that granted it, which only a
-    reply names (the message may come from a master that failed over since)."""
 
     def __init__(self, driver: RedisDriver) -> None:
         self._driver = driver
@@ -65,6 +61,15 @@ class RedisPermits:
     def _lift(epoch: int, fence: int) -> int:
         return composite_token(epoch, fence) if epoch else fence
 
+    def _mark(self) -> Any:
+        """What :meth:`_by_message` needs to know of the time the acquire began (nothing here)."""
+        return None
+
+    def _by_message(self, mark: Any, fence: int) -> int | None:
+        """The fencing token of a grant told by a release's message, or None: confirm it with one more attempt
+        (it finds the token and returns its fence, with its master's epoch). Here: the message's fence as it is."""
+        return fence
+
     def acquire_permit(
         self,
         name: str,
@@ -80,6 +85,7 @@ class RedisPermits:
         driver, keys = self._driver, self._keys(name)
         hub = driver._hub
         hub.own_process()
+        mark = self._mark()
         # A permit waiter queues under its waiter id, so that a release can grant it the permit directly on
         # its client's channel (as a lock's release does); readers and writers are woken on the name's channel.
         # The client's channel: <prefix>client:<id> (the hub's own), in the name's slot on a cluster.
@@ -138,9 +144,10 @@ class RedisPermits:
                     return None
                 if isinstance(outcome, int):  # a release granted us the permit: its fencing token
                     assert queued_at is not None
-                    if self.confirm_grants or replicas:
+                    fence = None if replicas else self._by_message(mark, outcome)
+                    if fence is None:
                         continue  # the next attempt finds our token: its reply names the epoch (and WAITs)
-                    return Grant(outcome, ttl, queued_at)
+                    return Grant(fence, ttl, queued_at)
         except BaseException:
             # An attempt or a release may have granted us a permit (its reply or message lost), or we are queued:
             # remove both now and pass the permit on.

@@ -21,7 +21,8 @@ sentinels name, with three additions; the URL, guarantees and the failover story
   with the sentinels' config-epoch of the master that granted them;
 * **semaphores and reader-writer locks** (:class:`SentinelPermits`): the scripts of ``redis://`` on the
   current master, following it as every call does, their fences lifted by the epoch of the master whose reply
-  carried them.
+  carried them (a grant told by a release's message: of the master followed when the acquire began, if it is
+  still the one followed, as for locks).
 """
 
 from __future__ import annotations
@@ -304,12 +305,12 @@ class SentinelPermits(RedisPermits):
     Every call runs through :meth:`SentinelDriver._run_on`, which follows a failover and names the config
     epoch of the master that answered: a fence is lifted by that epoch, so a promoted replica that missed the
     last grants (its counter behind) still hands out tokens above them. A grant told by a release's message is
-    confirmed by one more attempt, on the master of now, whose reply names the epoch (the message may come from
-    a master that failed over since); a permit the promoted master never received is not found by that attempt,
-    nor by the next renewal, which reports the loss.
+    lifted by the epoch of the master followed when the acquire began if the driver still follows that one (the
+    pub/sub hub is retargeted only when the driver follows a new master, so the message came from it, as the
+    lock's acquire reasons); else it is confirmed by one more attempt on the master of now, whose reply names
+    the epoch. A permit the promoted master never received is not found by that attempt, nor by the next
+    renewal, which reports the loss.
     """
-
-    confirm_grants = True
 
     def __init__(self, driver: SentinelDriver) -> None:
         super().__init__(driver)
@@ -317,6 +318,16 @@ class SentinelPermits(RedisPermits):
 
     def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
         return self._sentinel._run_on(calls)
+
+    def _mark(self) -> tuple[int, int]:
+        self._sentinel._located()
+        return self._sentinel._generation, self._sentinel._epoch
+
+    def _by_message(self, mark: Any, fence: int) -> int | None:
+        generation, epoch = mark
+        if self._sentinel._generation != generation:
+            return None  # the master changed while we waited: the message's master (and epoch) is unknown
+        return self._lift(epoch, fence)
 
     def acquire_permit(
         self,
