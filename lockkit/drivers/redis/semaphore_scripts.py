@@ -19,7 +19,8 @@ fencing counter lives as long as the server keeps its data, as a lock's does. Th
 backend (docs/semaphores.md): a permit while fewer than ``limit`` are held and no older permit waiter is
 queued; a read while no writer holds or waits; a write when nobody holds and it is the oldest waiting writer.
 Every grant is ``HINCRBY fence``. A release hands a freed permit to the oldest queued permit waiter whose
-client still listens, on that client's own channel (``P client:<client id>``, as a lock's release does).
+client still listens, on that client's own channel (``P client:<client id>``, as a lock's release does; on a
+Redis Cluster ``P sem{E}:client:<client id>``, in the name's slot, and the scripts use SPUBLISH: :func:`sharded`).
 
 Names travel only as ``KEYS`` and tokens, TTLs and modes only as ``ARGV``, as in :mod:`.scripts`.
 """

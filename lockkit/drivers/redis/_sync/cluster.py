@@ -278,11 +278,19 @@ class ClusterDriver(RedisDriver):
         """One pipeline per master, all sent before any reply is read (:meth:`_per_master`)."""
         sent_at = self.clock()
         results: list[Grant | Exception | None] = []
+        append = results.append
+        # _renewed's rule, one reply at a time (each carries its own master's epoch): a call per lease cost more
         for request, got in zip(requests, self._per_master(self._renew_calls(requests)), strict=True):
             if isinstance(got, BackendUnavailable):
-                results.append(got)
+                append(got)
+                continue
+            reply, epoch = got
+            if type(reply) is not int:  # a refused script: BackendUnavailable, as _renewed reports it
+                append(self._renewed((request,), (reply,), sent_at, epoch)[0])
+            elif reply < 0:
+                append(None)  # the server no longer holds our token
             else:
-                results += self._renewed((request,), (got[0],), sent_at, got[1])
+                append(Grant(composite_token(epoch, reply) if epoch else reply, request.ttl, sent_at))
         return results
 
     def _per_master(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
