@@ -182,8 +182,9 @@ class AsyncRedisPermits:
 
     async def release_permit(self, name: str, token: str) -> bool:
         keys = self._keys(name)
-        # Not retried on a broken connection: a retry that found the permit gone could not tell a release that
-        # ran from one that expired (the lock driver's _released explains); the error says the outcome is unknown.
+        # redis:// does not send it again on a broken connection (the error says the outcome is unknown); Sentinel
+        # and Cluster do, and a retry that finds the permit gone cannot tell a release that ran from one that
+        # lapsed (the lock driver's _released explains): that is an unknown outcome too, not a loss.
         call = Call(self.scripts.release, keys.script_keys(), (token, keys.channel, keys.clients))
         (reply,), _, repeated = await self._send([call], False)
         if checked(reply, self._label, "semaphore release"):
