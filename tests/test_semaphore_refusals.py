@@ -17,6 +17,7 @@ from lockkit.driver import Offer
 from lockkit.registry import builtin_schemes, load_factory
 
 OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds", "zookeeper"}
+OFFERED |= {"redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"}  # fences lifted by the epoch
 
 
 def _offer(scheme: str) -> Offer:
@@ -40,9 +41,9 @@ def test_redlock_refuses_by_design_with_the_counterexample() -> None:
     assert offer.offered == "never" and "limit 2 on 3" in offer.why
 
 
-def test_sentinel_not_yet_because_of_fencing() -> None:
-    offer = _offer("redis+sentinel")
-    assert offer.offered == "not yet" and "epoch" in offer.why
+@pytest.mark.parametrize("scheme", ["redis+sentinel", "redis+cluster"])
+def test_sentinel_and_cluster_offer_them(scheme: str) -> None:
+    assert _offer(scheme).offered == "yes"
 
 
 
@@ -77,6 +78,6 @@ def test_fencing_epoch_wrapper_refuses_rather_than_hand_out_unlifted_tokens() ->
 def test_docs_table_matches_the_declared_offers() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "semaphores.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `([a-z+]+)://` \| (yes|not yet|never) \|", text, re.M))
-    assert set(rows) == {"memory", "file", "redis", "redis+sentinel", "redlock", "zookeeper", "etcd"}
+    assert set(rows) == {"memory", "file", "redis", "redis+sentinel", "redis+cluster", "redlock", "zookeeper", "etcd"}
     for scheme, offered in rows.items():
         assert _offer(scheme).offered == offered, scheme
