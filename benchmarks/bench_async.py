@@ -24,7 +24,8 @@ Medians, p99 and ratios of medians against the row's floor.
 processes' load does not inflate) and the wall time per acquire+release of the floor, of lockkit's own
 connection sending the floor's commands, of its node running the driver's own calls, of the driver, and of
 the whole ``AsyncLock`` (offloaded faces: the blocking driver offloaded the floor's way, the offload adapter,
-the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds.
+the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds; and
+the turns of the event loop and the tasks each layer makes per acquire+release (counted over 100 more).
 """
 
 from __future__ import annotations
@@ -110,13 +111,44 @@ async def redis_part(port: int, url: str, ops: int) -> str:
     return latency_table(samples, unit="µs")
 
 
+async def turns_and_tasks(op: Op, prefix: str, count: int = 100) -> tuple[float, float]:
+    """Turns of the event loop (its selector's ``select`` calls) and tasks created per op: each costs a pass
+    through the loop, whatever the load (issue 17: the shielded release was three turns and a task)."""
+    loop = asyncio.get_running_loop()
+    selector: Any = loop._selector  # type: ignore[attr-defined]  # a benchmark may look inside the loop
+    select, factory = selector.select, loop.get_task_factory()
+    turns = tasks = 0
+
+    def counting_select(timeout: float | None = None) -> Any:
+        nonlocal turns
+        turns += 1
+        return select(timeout)
+
+    def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        nonlocal tasks
+        tasks += 1
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    selector.select = counting_select
+    loop.set_task_factory(counting_factory)
+    try:
+        for i in range(count):
+            await op(f"count:{prefix}:{i}")
+    finally:
+        selector.select = select
+        loop.set_task_factory(factory)
+    return turns / count, tasks / count
+
+
 async def alayers(ops_by_layer: dict[str, Op], ops: int, block: int = 20) -> str:
     """Process CPU (``time.process_time``) and wall time per op of each layer, interleaved in blocks of ``block``,
-    medians of 5 rounds, ratios to the first (the floor)."""
+    medians of 5 rounds, ratios to the first (the floor); and the loop turns and tasks per op of each."""
     prefix = uuid.uuid4().hex
+    counted: dict[str, tuple[float, float]] = {}
     for label, op in ops_by_layer.items():
         for i in range(50):
             await op(f"warm:{prefix}:{label[:9]}:{i}")
+        counted[label] = await turns_and_tasks(op, f"{prefix}:{label[:9]}")
     blocks = max(1, ops // 5 // block)
     cpu: dict[str, list[float]] = {label: [] for label in ops_by_layer}
     wall: dict[str, list[float]] = {label: [] for label in ops_by_layer}
@@ -138,11 +170,15 @@ async def alayers(ops_by_layer: dict[str, Op], ops: int, block: int = 20) -> str
     lines = [
         f"## Layer by layer, µs per acquire+release (median of 5 rounds of {blocks * block}, interleaved in blocks "
         f"of {block})",
-        f"{'':{width}} {'CPU':>7} {'ratio':>6} {'wall':>7} {'ratio':>6}",
+        f"{'':{width}} {'CPU':>7} {'ratio':>6} {'wall':>7} {'ratio':>6} {'turns':>6} {'tasks':>6}",
     ]
     for label in ops_by_layer:
         c, w = statistics.median(cpu[label]), statistics.median(wall[label])
-        lines.append(f"{label:{width}} {c * 1e6:7.1f} {c / cpu_floor:6.2f} {w * 1e6:7.1f} {w / wall_floor:6.2f}")
+        turns, tasks = counted[label]
+        lines.append(
+            f"{label:{width}} {c * 1e6:7.1f} {c / cpu_floor:6.2f} {w * 1e6:7.1f} {w / wall_floor:6.2f} "
+            f"{turns:6.2f} {tasks:6.2f}"
+        )
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@
 Without ``--url`` a throw-away Redis is started on loopback (backends/servers.py). Three parts:
 
 1. Uncontended acquire+release on fresh names, interleaved in blocks of 20: ``lock()`` (the row the ratios
-   are of), ``semaphore(limit=1)``, ``semaphore(limit=8)``, ``rwlock().read()``, ``rwlock().write()``.
+   are of), ``semaphore(limit=1)``, ``semaphore(limit=8)``, ``rwlock().read()``, ``rwlock().write()``; then
+   the same with one name reused per row (a name's first use costs more on postgresql://).
 2. ``--procs`` processes contending on one name, ~1 ms busy hold (lockkit/cli/contention.py): the mutex, then
    a semaphore of limit 1; handoffs/s of each.
 3. The same with a semaphore of each ``--limits`` value: acquisitions per second, which should grow with the
@@ -76,6 +77,35 @@ def uncontended(url: str, rounds: int) -> str:
     return latency_table(samples, unit="µs")
 
 
+def uncontended_same_name(url: str, rounds: int) -> str:
+    """As :func:`uncontended`, but each handle reuses one name: the common case of a named resource. On
+    postgresql:// the first use of a name runs the full join (insert the name's row, set its limit), every
+    later one the one-statement path."""
+    locks = lockkit.connect(url)
+    prefix = f"bench:{uuid.uuid4().hex}"
+
+    def reused(handle: Any) -> Callable[[], None]:
+        def op() -> None:
+            handle.acquire()
+            handle.release()
+
+        return op
+
+    ops = {
+        "lock()": reused(locks.lock(f"{prefix}:lock", ttl=10)),
+        "semaphore(limit=1)": reused(locks.semaphore(f"{prefix}:s1", limit=1, ttl=10)),
+        "semaphore(limit=8)": reused(locks.semaphore(f"{prefix}:s8", limit=8, ttl=10)),
+        "rwlock().read()": reused(locks.rwlock(f"{prefix}:rw", ttl=10).read()),
+        "rwlock().write()": reused(locks.rwlock(f"{prefix}:rw", ttl=10).write()),
+    }
+    for op in ops.values():
+        for _ in range(50):
+            op()
+    samples = interleave(ops, rounds)
+    locks.close()
+    return latency_table(samples, unit="µs").replace("## Uncontended", "## Uncontended, one name reused", 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="an existing backend; without it a throw-away Redis is started")
@@ -86,6 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     with served(args.url, RedisServer) as url:
         print(uncontended(url, args.rounds), flush=True)
+        print("\n" + uncontended_same_name(url, args.rounds), flush=True)
         mutex = contention(url, args.contend, procs=args.procs, label="lock()")
         print("\n" + mutex.report(), flush=True)
         for limit in (int(x) for x in args.limits.split(",")):

@@ -33,6 +33,9 @@ class ThreadOffloadDriver:
     """Runs a blocking driver's calls in worker threads so an event loop never blocks."""
 
     guarantees: ClassVar[Guarantees]
+    finish_inline: ClassVar[bool] = True
+    """Its calls await a thread's future and never cancel their own task: an asyncio release or renew runs in
+    the caller's task until a cancellation arrives (``lockkit._async.cancel_safe``; issue 17)."""
 
     def __init__(self, driver: Driver, max_threads: int = MAX_OFFLOAD_THREADS) -> None:
         self.sync = driver

@@ -29,7 +29,7 @@ from .driver import (
 from .errors import ConfigError
 from .offload import ThreadOffloadDriver
 
-__all__ = ["OffloadPermits", "async_permits", "check_offered", "sync_permits"]
+__all__ = ["OffloadPermits", "async_permits", "check_offered", "offering_schemes", "sync_permits"]
 
 log = logging.getLogger("lockkit")
 
@@ -41,8 +41,23 @@ def check_offered(guarantees: Guarantees, backend: str) -> None:
         return
     raise ConfigError(
         f"backend {backend!r} does not offer semaphores or reader-writer locks ({offer.offered}: {offer.why}). "
-        "Route this name to a backend that offers them (memory://, file://, redis://, etcd://; see docs/semaphores.md)"
+        f"Route this name to a backend that offers them ({', '.join(offering_schemes())}; see docs/semaphores.md)"
     )
+
+
+def offering_schemes() -> list[str]:
+    """The built-in schemes whose drivers offer permits, as ``scheme://`` (read from each driver's class: the
+    refusal names the alternatives that are true of this installation, not a list written once)."""
+    from .registry import builtin_schemes, load_factory  # the registry imports drivers lazily, and so here
+
+    offering = []
+    for scheme in builtin_schemes():
+        try:
+            if load_factory(scheme).guarantees.semaphores:
+                offering.append(f"{scheme}://")
+        except ConfigError:  # its client package is not installed
+            continue
+    return offering
 
 
 def _native(driver: Any, guarantees: Guarantees, backend: str, events: LeaseEvents | None) -> Any:

@@ -6,10 +6,11 @@ A flow is a generator of operations (:class:`Send`, :class:`Watch`, :class:`Wait
 answers with the step's canned reply. So every branch of the retry, queueing, hand-off and quorum logic is
 reachable with exact times, and the tests can say which script each request ran and when validity starts.
 
-Replies are shaped as the Lua scripts return them (see lockkit/drivers/redis/scripts.py): FAIR_ACQUIRE and ACQUIRE
+Replies are shaped as the Lua scripts return them (see lockkit/drivers/redis/scripts.py): FAIR_ACQUIRE
 ``[1, fence]`` (taken) or ``[0, ms until the holder lapses]``; WAIT the number of replicas that acknowledged; for
-Redlock one :class:`NodeResult` per master. Nothing here depends on the position of a key inside ``KEYS``; the
-ARGV checks only ask whether a value (the token, the waiter id) is among the arguments.
+Redlock one :class:`NodeResult` per master (its attempt a plain ``SET NX PX``: ``b"OK"`` or nil). Nothing here
+depends on the position of a key inside ``KEYS``; the ARGV checks only ask whether a value (the token, the waiter
+id) is among the arguments.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from lockkit.drivers.redis.flow import (
 )
 from lockkit.drivers.redis.keys import LockKeys, lock_keys
 from lockkit.drivers.redis.quorum import NodeResult, quorum, validity
-from lockkit.drivers.redis.scripts import ACQUIRE, FAIR_ACQUIRE, FAIR_RELEASE, LEAVE, RELEASE
+from lockkit.drivers.redis.scripts import FAIR_ACQUIRE, FAIR_RELEASE, LEAVE, RELEASE
 from lockkit.errors import BackendUnavailable
 from lockkit.lease import Lease
 from lockkit.testing import FakeClock
@@ -440,11 +441,18 @@ def _redlock(clock: FakeClock, deadline: float | None = None) -> Flow[tuple[Gran
 
 
 def _won(epoch: int = 0) -> NodeResult:
-    return NodeResult([[1, 0]], epoch)
+    return NodeResult([b"OK"], epoch)
 
 
-def _lost(pttl_ms: int, epoch: int = 0) -> NodeResult:
-    return NodeResult([[0, pttl_ms]], epoch)
+def _lost(epoch: int = 0) -> NodeResult:
+    """SET NX's nil: the master answered, someone holds the key (for how long, the undo's PTTL says)."""
+    return NodeResult([None], epoch)
+
+
+def _undo(*pttls: int | None) -> list[NodeResult]:
+    """The undo's replies per master: RELEASE (1: our key was there; 0: not), then the lock's PTTL after it
+    (-2: no key); None: the master did not answer."""
+    return [NodeResult(TimeoutError("down"), 0) if p is None else NodeResult([0, p], 0) for p in pttls]
 
 
 def _down() -> NodeResult:
@@ -452,24 +460,24 @@ def _down() -> NodeResult:
 
 
 def _released() -> list[NodeResult]:
-    """Every master's RELEASE reply when the undo found our key there."""
-    return [NodeResult([1], 0)] * MASTERS
+    """Every master's undo replies when the undo found our key there (and then no key)."""
+    return [NodeResult([1, -2], 0)] * MASTERS
 
 
-def _not_ours() -> list[NodeResult]:
-    """Every master's RELEASE reply when the undo found nothing of ours."""
-    return [NodeResult([0], 0)] * MASTERS
+def _not_ours(pttl_ms: int = 5000) -> list[NodeResult]:
+    """Every master's undo replies when the undo found nothing of ours: another holder's key, ``pttl_ms`` left."""
+    return [NodeResult([0, pttl_ms], 0)] * MASTERS
 
 
 def _undone(script: Script) -> bool:
-    """The flow's second Send is the undo: RELEASE of our token (sent to every master by the face)."""
+    """The flow's second Send is the undo: RELEASE of our token, then the lock's PTTL (sent to every master)."""
     undo = script.sends[1]
-    (call,) = undo.calls
-    return undo.idempotent and call.script is RELEASE and TOKEN in call.args
+    release, pttl = undo.calls
+    return undo.idempotent and release.script is RELEASE and TOKEN in release.args and pttl.args[0] == "PTTL"
 
 
 def test_redlock_majority_grants_with_the_epochs_of_the_masters_won(clock: FakeClock, run: Runner) -> None:
-    results = [_won(3), _won(4), _won(5), _lost(1500), _down()]
+    results = [_won(3), _won(4), _won(5), _lost(), _down()]
     script = Script(clock, [Step(Send, results, takes=0.05)])
     grant, epochs = run(_redlock(clock), script)
     script.done()
@@ -477,11 +485,13 @@ def test_redlock_majority_grants_with_the_epochs_of_the_masters_won(clock: FakeC
     assert epochs == (3, 4, 5, None, None)
     (send,) = script.sends
     (take,) = send.calls
-    assert take.script is ACQUIRE and not send.idempotent and TOKEN in take.args and ms(TTL) in take.args
+    # a plain SET NX PX (no script), never retried
+    assert take.script is None and not send.idempotent
+    assert take.args == ("SET", KEYS.lock, TOKEN, "NX", "PX", ms(TTL))
 
 
 def test_redlock_minority_of_grants_is_undone_everywhere(clock: FakeClock, run: Runner) -> None:
-    results = [_won(), _won(), _lost(4000), _lost(4000), _lost(4000)]
+    results = [_won(), _won(), _lost(), _lost(), _lost()]
     script = Script(clock, [Step(Send, results), Step(Send, _released())])
     assert run(_redlock(clock, deadline=START), script) is None  # one shot: give up after the undo
     script.done()
@@ -499,7 +509,7 @@ def test_redlock_without_a_quorum_of_answers_undoes_then_raises(clock: FakeClock
 
 
 def test_redlock_refused_scripts_count_as_unreached(clock: FakeClock, run: Runner) -> None:
-    results = [NodeResult([ResponseError("NOPERM")], 0)] * MASTERS
+    results = [NodeResult([ResponseError("NOPERM")], 0)] * MASTERS  # the ACL refuses SET
     script = Script(clock, [Step(Send, results), Step(Send, _released())])
     with pytest.raises(BackendUnavailable, match=f"reached 0 of {MASTERS}"):
         run(_redlock(clock), script)
@@ -545,15 +555,15 @@ def test_redlock_too_late_everywhere_retries_after_a_random_delay(clock: FakeClo
 
 
 def test_redlock_held_by_a_quorum_waits_for_the_wake_up_then_wins(clock: FakeClock, run: Runner) -> None:
-    held = [_lost(1000), _lost(1500), _lost(2000), _lost(2500), _down()]
+    held = [_lost(), _lost(), _lost(), _lost(), _down()]
     script = Script(
         clock,
         [
             Step(Send, held, takes=0.02),
-            Step(Send, [NodeResult([0], 0)] * 4 + [_down()]),  # the undo finds nothing of ours
+            Step(Send, _undo(1000, 1500, 2000, 2500, None)),  # nothing of ours; the holder's keys' PTTLs
             Step(Watch, False),
             Step(Wait, "woken", takes=0.7),
-            Step(Send, [_won(), _won(), _won(), _lost(1800), _down()], takes=0.02),
+            Step(Send, [_won(), _won(), _won(), _lost(), _down()], takes=0.02),
         ],
     )
     grant, epochs = run(_redlock(clock), script)
@@ -569,12 +579,12 @@ def test_redlock_split_vote_backs_off_through_wake_ups_then_retries(clock: FakeC
     """Won 2 of 5, the rest held by keys that look alive for their whole TTL: a split vote (or a race), not a
     quorum to wait for. No Watch; a random pause within SPLIT_SPREAD round trips; the other losers' undos wake
     us during it, and we sleep on until it is over instead of retrying in step with them."""
-    split = [_won(), _won(), _lost(9000), _lost(9000), _lost(9500)]
+    split = [_won(), _won(), _lost(), _lost(), _lost()]
     script = Script(
         clock,
         [
             Step(Send, split, takes=0.004),
-            Step(Send, _released()),
+            Step(Send, _undo(-2, -2, 9000, 9000, 9500)),
             Step(Wait, "woken"),  # another loser's undo PUBLISHed: not a reason to retry now
             Step(Wait, "timeout", takes=1.0),
             Step(Send, [_won()] * MASTERS, takes=0.004),
@@ -591,7 +601,7 @@ def test_redlock_split_vote_backs_off_through_wake_ups_then_retries(clock: FakeC
 
 
 def test_redlock_deadline_passing_returns_none_after_the_undo(clock: FakeClock, run: Runner) -> None:
-    held = [_lost(5000)] * MASTERS
+    held = [_lost()] * MASTERS
     undo = _not_ours()
     script = Script(
         clock,
@@ -600,21 +610,57 @@ def test_redlock_deadline_passing_returns_none_after_the_undo(clock: FakeClock, 
             Step(Send, undo),
             Step(Watch, False),
             Step(Wait, "timeout", takes=0.4),
-            Step(Send, held, takes=0.1),
-            Step(Send, undo),
+            Step(Send, [_lost_probe(5000)] * MASTERS, takes=0.1),
         ],
     )
     assert run(_redlock(clock, deadline=START + 0.5), script) is None
     script.done()
     wait = script.ops[3]
     assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.4)  # capped at what was left
-    assert [send.calls[0].script for send in script.sends] == [ACQUIRE, RELEASE, ACQUIRE, RELEASE]
+    # the first attempt a plain SET, undone; the retry SET + PTTL, which won nowhere: no undo
+    assert [[c.args[0] if c.script is None else c.script for c in send.calls] for send in script.sends] == [
+        ["SET"], [RELEASE, "PTTL"], ["SET", "PTTL"]
+    ]
+
+
+def _lost_probe(pttl_ms: int) -> NodeResult:
+    """A contended attempt's replies on a master someone else holds: SET's nil, then the lock's PTTL."""
+    return NodeResult([None, pttl_ms], 0)
+
+
+def test_redlock_retry_that_won_nowhere_needs_no_undo_but_one_that_won_somewhere_does(
+    clock: FakeClock, run: Runner
+) -> None:
+    script = Script(
+        clock,
+        [
+            Step(Send, [_lost()] * MASTERS),
+            Step(Send, _not_ours(3000)),
+            Step(Watch, False),
+            Step(Wait, "woken"),
+            Step(Send, [_lost_probe(2000)] * MASTERS),  # every master answered nil: nothing to undo
+            Step(Wait, "woken"),
+            # won 1, one master down (it may have applied the SET): undone on every master
+            Step(Send, [NodeResult([b"OK", -2], 0)] + [_lost_probe(2000)] * 3 + [_down()]),
+            Step(Send, [NodeResult([1, -2], 0), *_not_ours(2000)[1:]], takes=0.001),
+            # a race, not a held quorum: a random pause of at most 3 round trips (0 here: no time passed)
+            Step(Send, [NodeResult([b"OK", 10_000], 0)] * MASTERS),
+        ],
+    )
+    grant, _epochs = run(_redlock(clock), script)
+    script.done()
+    assert script.kinds() == ["Send", "Send", "Watch", "Wait", "Send", "Wait", "Send", "Send", "Send"]
+    wait = script.ops[5]  # from the probe's own PTTLs: a quorum frees in 2 s (plus jitter)
+    assert isinstance(wait, Wait) and wait.timeout is not None and 2.0 < wait.timeout <= 2.0 + 0.0505
+    undo = script.sends[4]  # after the first attempt, its undo, the probe, the attempt that won one
+    assert undo.idempotent and undo.calls[0].script is RELEASE
+    assert grant.sent_at == script.started[8]
 
 
 def test_redlock_cancel_during_the_wait_gives_up(clock: FakeClock, run: Runner) -> None:
     script = Script(
         clock,
-        [Step(Send, [_lost(5000)] * MASTERS), Step(Send, _not_ours()), Step(Watch, False), Step(Wait, "cancelled")],
+        [Step(Send, [_lost()] * MASTERS), Step(Send, _not_ours()), Step(Watch, False), Step(Wait, "cancelled")],
     )
     assert run(_redlock(clock), script) is None
     script.done()
@@ -624,7 +670,7 @@ def test_redlock_missed_wake_up_retries_before_waiting(clock: FakeClock, run: Ru
     script = Script(
         clock,
         [
-            Step(Send, [_lost(5000)] * MASTERS),
+            Step(Send, [_lost()] * MASTERS),
             Step(Send, _not_ours()),
             Step(Watch, True),
             Step(Send, [_won()] * MASTERS),
@@ -633,3 +679,79 @@ def test_redlock_missed_wake_up_retries_before_waiting(clock: FakeClock, run: Ru
     grant, _epochs = run(_redlock(clock), script)
     script.done()
     assert script.kinds() == ["Send", "Send", "Watch", "Send"] and grant.sent_at == START
+
+
+def test_redlock_pause_waits_before_the_first_attempt(clock: FakeClock, run: Runner) -> None:
+    """The releaser's yield (flow.YIELD_ROUNDS): the first attempt goes out only after the pause."""
+    flow = redlock_acquire_flow(KEYS, TOKEN, TTL, None, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Wait, "timeout", takes=0.004), Step(Send, [NodeResult([b"OK", 10_000], 0)] * 5)])
+    grant, _epochs = run(flow, script)
+    script.done()
+    wait = script.ops[0]
+    assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.004)
+    assert [c.args[0] for c in script.sends[0].calls] == ["SET", "PTTL"]  # it expects the lock taken
+    assert grant.sent_at == pytest.approx(START + 0.004)  # validity counted from the attempt, after the pause
+
+
+def test_redlock_pause_is_capped_by_the_deadline_and_skipped_by_a_one_shot(clock: FakeClock, run: Runner) -> None:
+    capped = redlock_acquire_flow(KEYS, TOKEN, TTL, START + 0.001, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Wait, "timeout", takes=0.001), Step(Send, [_won()] * MASTERS)])
+    run(capped, script)
+    wait = script.ops[0]
+    assert isinstance(wait, Wait) and wait.timeout == pytest.approx(0.001)
+    one_shot = redlock_acquire_flow(KEYS, TOKEN, TTL, START, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Send, [_won()] * MASTERS)])
+    run(one_shot, script)
+    assert script.kinds() == ["Send"]
+
+
+def test_redlock_cancel_during_the_pause_gives_up(clock: FakeClock, run: Runner) -> None:
+    flow = redlock_acquire_flow(KEYS, TOKEN, TTL, None, clock, MASTERS, RETRY_DELAY, pause=0.004)
+    script = Script(clock, [Step(Wait, "cancelled")])
+    assert run(flow, script) is None
+    script.done()
+
+
+def test_redlock_retry_after_an_undo_that_missed_a_master_is_undone_again(clock: FakeClock, run: Runner) -> None:
+    """An undo that did not reach a master may have left our key there, and that master then answers the next
+    SET NX with nil like any held master: so that retry is undone too, even though it won nowhere."""
+    script = Script(
+        clock,
+        [
+            Step(Send, [_down(), _lost(), _lost(), _lost(), _lost()]),  # the first master may have applied it
+            Step(Send, [_down(), *_not_ours(3000)[1:]]),  # and the undo misses it too
+            Step(Watch, False),
+            Step(Wait, "woken"),
+            Step(Send, [_lost_probe(3000)] * MASTERS),  # nil everywhere, the first master's maybe our own key
+            Step(Send, [NodeResult([1, -2], 0), *_not_ours(3000)[1:]]),  # undone: it was
+            Step(Wait, "woken"),
+            Step(Send, [_lost_probe(3000)] * MASTERS),  # now nothing of ours is left anywhere: no undo
+            Step(Wait, "cancelled"),
+        ],
+    )
+    assert run(_redlock(clock), script) is None
+    script.done()
+    assert script.kinds() == ["Send", "Send", "Watch", "Wait", "Send", "Send", "Wait", "Send", "Wait"]
+    assert script.sends[3].calls[0].script is RELEASE
+
+
+def test_redlock_retry_that_won_a_minority_is_undone_even_with_every_master_answering(
+    clock: FakeClock, run: Runner
+) -> None:
+    won_two = [NodeResult([b"OK", 10_000], 0)] * 2 + [_lost_probe(3000)] * 3
+    script = Script(
+        clock,
+        [
+            Step(Send, [_lost()] * MASTERS),
+            Step(Send, _not_ours(3000)),
+            Step(Watch, False),
+            Step(Wait, "woken"),
+            Step(Send, won_two, takes=0.001),
+            Step(Send, [NodeResult([1, -2], 0)] * 2 + _not_ours(3000)[2:]),  # the minority grant, released
+            Step(Wait, "cancelled"),
+        ],
+    )
+    assert run(_redlock(clock), script) is None
+    script.done()
+    undo = script.sends[3]
+    assert undo.idempotent and undo.calls[0].script is RELEASE and TOKEN in undo.calls[0].args

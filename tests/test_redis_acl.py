@@ -17,6 +17,7 @@ RULE = ("on >pw-XYZ resetkeys ~lockkit:* resetchannels &lockkit:* -@all +evalsha
         "+incr +pexpire +pttl +publish +time +lindex +lpop +lrem +rpush +llen +zscore +zadd +zrem +zcount "
         "+subscribe +unsubscribe +ping +info +config|get")
 PRESENCE_RULE = " +hset +hget +hdel +zrange +zrangebyscore +zremrangebyscore +persist"
+PERMIT_RULE = " +hset +hget +hdel +hgetall +hmget +hincrby +zcard +zrange +zrangebyscore"
 
 
 def test_documented_acl_rule_is_enough(fresh_redis: RedisFactory, caplog: pytest.LogCaptureFixture) -> None:
@@ -58,3 +59,31 @@ def test_presence_acl_rule_is_enough(fresh_redis: RedisFactory) -> None:
         assert driver.members("acl-group") == {"m1": "v1", "epoch": "1"}
         driver.withdraw("acl-group", "m1")
         assert driver.members("acl-group") == {"epoch": "1"}
+
+
+def test_permit_acl_rule_is_enough(fresh_redis: RedisFactory) -> None:
+    """Semaphores and reader-writer locks need the documented extra commands, and are refused clearly without."""
+    server = fresh_redis()
+    admin = redis.Redis(port=server.port)
+    admin.execute_command("ACL", "SETUSER", "lockkit", *(RULE + PERMIT_RULE).split())
+    admin.execute_command("ACL", "SETUSER", "lockonly", *RULE.split())
+    name = f"acl-sem-{uuid.uuid4().hex[:8]}"
+    url = f"redis://lockkit:pw-XYZ@127.0.0.1:{server.port}/0"
+    with lockkit.connect(url) as a, lockkit.connect(url) as b:
+        permit = a.semaphore(name, limit=1, ttl=2)
+        permit.acquire()
+        threading.Timer(0.2, permit.release).start()
+        waiter = b.semaphore(name, limit=1, ttl=2)
+        waiter.acquire(timeout=3)  # handed over by the release
+        waiter.renew()
+        assert b.permit_holders(name).holders == 1
+        rw = a.rwlock(name + "-rw", ttl=2)
+        with rw.read(), rw.read():
+            pass
+        with rw.write() as lease:
+            assert lease.valid
+        assert a.force_release_permits(name) == 1
+    with lockkit.connect(url.replace("lockkit:", "lockonly:")) as c, \
+            pytest.raises(BackendUnavailable, match="ACL") as info:
+        c.semaphore(name + "x", limit=2, ttl=2).acquire(timeout=1)
+    assert "pw-XYZ" not in str(info.value)

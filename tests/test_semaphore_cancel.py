@@ -17,7 +17,7 @@ import lockkit
 from backends.servers import EtcdServer, RedisServer
 
 
-@pytest.fixture(params=["memory", "file", "redis", "etcd"])
+@pytest.fixture(params=["memory", "file", "redis", "etcd", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://sem-cancel-{uuid.uuid4().hex[:8]}"

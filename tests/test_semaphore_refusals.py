@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import lockkit
-from backends.servers import RedlockServers, ZooKeeperServer
+from backends.servers import RedlockServers
 from lockkit.driver import Offer
 from lockkit.registry import builtin_schemes, load_factory
 
-OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds"}
+OFFERED = {"memory", "file", "redis", "rediss", "unix", "etcd", "etcds", "zookeeper"}
+OFFERED |= {"redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"}  # fences lifted by the epoch
 
 
 def _offer(scheme: str) -> Offer:
@@ -24,6 +25,9 @@ def _offer(scheme: str) -> Offer:
         return load_factory(scheme).guarantees.semaphores
     except lockkit.ConfigError as exc:  # a client package not installed
         pytest.skip(str(exc))
+
+
+OFFERED |= {"postgresql", "postgres"}  # issue 18 on postgresql:// (advisory locks of their own key space)
 
 
 @pytest.mark.parametrize("scheme", builtin_schemes())
@@ -40,18 +44,16 @@ def test_redlock_refuses_by_design_with_the_counterexample() -> None:
     assert offer.offered == "never" and "limit 2 on 3" in offer.why
 
 
-def test_sentinel_not_yet_because_of_fencing() -> None:
-    offer = _offer("redis+sentinel")
-    assert offer.offered == "not yet" and "epoch" in offer.why
+@pytest.mark.parametrize("scheme", ["redis+sentinel", "redis+cluster"])
+def test_sentinel_and_cluster_offer_them(scheme: str) -> None:
+    assert _offer(scheme).offered == "yes"
 
 
 
-@pytest.mark.parametrize("which", ["redlock", "zookeeper"])
-def test_semaphore_refused_before_any_permit_is_sent(
-    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer
-) -> None:
-    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url}[which]
-    expected = r"\(never: " if which == "redlock" else r"\(not yet: "
+@pytest.mark.parametrize("which", ["redlock"])
+def test_semaphore_refused_before_any_permit_is_sent(which: str, redlock_servers: RedlockServers) -> None:
+    url = {"redlock": redlock_servers.url}[which]
+    expected = r"\(never: "
     with lockkit.connect(url) as locks:
         with pytest.raises(lockkit.ConfigError, match=expected):
             locks.semaphore("refused", limit=2)
@@ -61,11 +63,9 @@ def test_semaphore_refused_before_any_permit_is_sent(
             assert lease.valid
 
 
-@pytest.mark.parametrize("which", ["redlock", "zookeeper"])
-async def test_semaphore_refused_on_the_asyncio_face(
-    which: str, redlock_servers: RedlockServers, zookeeper_server: ZooKeeperServer
-) -> None:
-    url = {"redlock": redlock_servers.url, "zookeeper": zookeeper_server.url}[which]
+@pytest.mark.parametrize("which", ["redlock"])
+async def test_semaphore_refused_on_the_asyncio_face(which: str, redlock_servers: RedlockServers) -> None:
+    url = {"redlock": redlock_servers.url}[which]
     async with lockkit.connect_async(url) as locks:
         with pytest.raises(lockkit.ConfigError, match="does not offer semaphores or reader-writer locks"):
             locks.semaphore("refused", limit=2)
@@ -81,6 +81,7 @@ def test_fencing_epoch_wrapper_refuses_rather_than_hand_out_unlifted_tokens() ->
 def test_docs_table_matches_the_declared_offers() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "semaphores.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `([a-z+]+)://` \| (yes|not yet|never) \|", text, re.M))
-    assert set(rows) == {"memory", "file", "redis", "redis+sentinel", "redlock", "zookeeper", "etcd"}
+    rows_expected = {"memory", "file", "redis", "redis+sentinel", "redis+cluster", "redlock", "zookeeper", "etcd"}
+    assert set(rows) == rows_expected | {"postgresql"}
     for scheme, offered in rows.items():
         assert _offer(scheme).offered == offered, scheme

@@ -15,6 +15,7 @@ from ..driver import AsyncDriver, Grant
 from ..errors import LockError, LockTimeout
 from ..lease import Lease, RenewalTicket
 from ..lock_core import USE_LOCK_TIMEOUT, LockCore
+from ..renewal import AsyncRenewalScheduler
 from .primitives import async_scheduler, finish_even_if_cancelled
 
 __all__ = ["AsyncLock"]
@@ -32,6 +33,9 @@ class AsyncLock:
 
     def __init__(self, core: LockCore) -> None:
         self._core = core
+        self._renewals: AsyncRenewalScheduler | None = None
+        """The scheduler the current lease was given to (the one a release must take it from, whichever event
+        loop runs the release; and one lookup per lease, not one per call)."""
 
     @property
     def name(self) -> str:
@@ -47,10 +51,20 @@ class AsyncLock:
         driver: AsyncDriver = self._core.backend.driver
         return driver
 
+    def _renewals_of_lease(self) -> AsyncRenewalScheduler:
+        return self._renewals or async_scheduler(self._core.clock)
+
+    def _inline(self) -> bool:
+        """Whether the driver lets a release or renew run in the caller's task until a cancellation arrives: it
+        declares ``finish_inline`` when its calls never cancel the task they run in (see
+        :func:`~lockkit._async.cancel_safe.finish_even_if_cancelled`); any other driver's run shielded."""
+        return getattr(self._core.backend.driver, "finish_inline", False) is True
+
     def _start(self, token: str, grant: Grant, started: float) -> Lease:
         core = self._core
         lease = core.granted(token, grant, core.clock() - started)
-        async_scheduler(core.clock).add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
+        renewals = self._renewals = async_scheduler(core.clock)
+        renewals.add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
         return lease
 
     async def acquire(self, timeout: float | None = USE_LOCK_TIMEOUT) -> Lease:
@@ -93,11 +107,12 @@ class AsyncLock:
         core = self._core
         lease = core.held_lease("renew")
         want, ticket = core.start_renewal(lease, ttl)
-        return await finish_even_if_cancelled(self._renew(lease, want, ticket), f"renewing {core.name!r}")
+        step = self._renew(lease, want, ticket)
+        return await finish_even_if_cancelled(step, f"renewing {core.name!r}", self._inline())
 
     async def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
         core = self._core
-        renewals = async_scheduler(core.clock)
+        renewals = self._renewals_of_lease()
         try:
             grant = await self._driver().renew(core.name, lease.token, want)
         except BaseException as exc:
@@ -118,8 +133,8 @@ class AsyncLock:
         """
         core = self._core
         lease = core.held_lease("release")
-        async_scheduler(core.clock).remove(lease)
-        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}")
+        self._renewals_of_lease().remove(lease)
+        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}", self._inline())
 
     async def _release(self, lease: Lease) -> Lease:
         core = self._core

@@ -17,6 +17,7 @@ from ..driver import Driver, Grant
 from ..errors import LockError, LockTimeout
 from ..lease import Lease, RenewalTicket
 from ..lock_core import USE_LOCK_TIMEOUT, LockCore
+from ..renewal import RenewalScheduler
 from .primitives import finish_even_if_cancelled, scheduler
 
 __all__ = ["Lock"]
@@ -34,6 +35,9 @@ class Lock:
 
     def __init__(self, core: LockCore) -> None:
         self._core = core
+        self._renewals: RenewalScheduler | None = None
+        """The scheduler the current lease was given to (the one a release must take it from, whichever event
+        loop runs the release; and one lookup per lease, not one per call)."""
 
     @property
     def name(self) -> str:
@@ -49,10 +53,20 @@ class Lock:
         driver: Driver = self._core.backend.driver
         return driver
 
+    def _renewals_of_lease(self) -> RenewalScheduler:
+        return self._renewals or scheduler(self._core.clock)
+
+    def _inline(self) -> bool:
+        """Whether the driver lets a release or renew run in the caller's task until a cancellation arrives: it
+        declares ``finish_inline`` when its calls never cancel the task they run in (see
+        :func:`~lockkit._async.cancel_safe.finish_even_if_cancelled`); any other driver's run shielded."""
+        return getattr(self._core.backend.driver, "finish_inline", False) is True
+
     def _start(self, token: str, grant: Grant, started: float) -> Lease:
         core = self._core
         lease = core.granted(token, grant, core.clock() - started)
-        scheduler(core.clock).add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
+        renewals = self._renewals = scheduler(core.clock)
+        renewals.add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
         return lease
 
     def acquire(self, timeout: float | None = USE_LOCK_TIMEOUT) -> Lease:
@@ -95,11 +109,12 @@ class Lock:
         core = self._core
         lease = core.held_lease("renew")
         want, ticket = core.start_renewal(lease, ttl)
-        return finish_even_if_cancelled(self._renew(lease, want, ticket), f"renewing {core.name!r}")
+        step = self._renew(lease, want, ticket)
+        return finish_even_if_cancelled(step, f"renewing {core.name!r}", self._inline())
 
     def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
         core = self._core
-        renewals = scheduler(core.clock)
+        renewals = self._renewals_of_lease()
         try:
             grant = self._driver().renew(core.name, lease.token, want)
         except BaseException as exc:
@@ -120,8 +135,8 @@ class Lock:
         """
         core = self._core
         lease = core.held_lease("release")
-        scheduler(core.clock).remove(lease)
-        finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}")
+        self._renewals_of_lease().remove(lease)
+        finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}", self._inline())
 
     def _release(self, lease: Lease) -> Lease:
         core = self._core

@@ -119,6 +119,7 @@ def contender_main(
     hold: float,
     barrier: Any,
     out: Any,
+    sleep_hold: bool = False,
 ) -> None:
     """Body of one contending process; puts ``(pid, records)`` or ``(pid, error text)`` on ``out``."""
     pid = os.getpid()
@@ -134,9 +135,12 @@ def contender_main(
                 asked = time.monotonic()
                 token = contender.acquire(ACQUIRE_TIMEOUT)
                 got = time.monotonic()
-                spin = got + hold
-                while time.monotonic() < spin:
-                    pass
+                if sleep_hold:
+                    time.sleep(hold)
+                else:
+                    spin = got + hold
+                    while time.monotonic() < spin:
+                        pass
                 contender.release()
                 records.append((got, pid, got - asked, token))
         finally:
@@ -231,15 +235,20 @@ def contention(
     label: str | None = None,
     name: str | None = None,
     tokens: str = "fencing tokens",
+    sleep_hold: bool = False,
 ) -> Contention:
     """Run ``procs`` spawned processes contending on one name of ``target`` (a lockkit URL by default; give
-    ``label`` for any other target)."""
+    ``label`` for any other target). ``sleep_hold``: hold by sleeping, not spinning — for semaphores, whose
+    holders overlap: the work a permit guards is usually I/O (a call to a rate-limited API), and spinning
+    holders would measure the cores, not the backend."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     barrier = ctx.Barrier(procs)
     name = name or f"bench-hot-{uuid.uuid4().hex[:12]}"
     workers = [
-        ctx.Process(target=contender_main, args=(opener, target, name, seconds, hold, barrier, out), daemon=True)
+        ctx.Process(
+            target=contender_main, args=(opener, target, name, seconds, hold, barrier, out, sleep_hold), daemon=True
+        )
         for _ in range(procs)
     ]
     for worker in workers:

@@ -64,6 +64,8 @@ class Watch:
         self.after = after
         self.event = threading.Event()
         self.failed = False
+        self.deleted = False
+        """The key's delete was seen (set before ``event``): a waiter blocked by several keys counts them."""
         self.cancelled = False
         self._on_cancel = on_cancel
 
@@ -116,6 +118,7 @@ class _LockWatch:
             # the caller must re-check now (the handle still fires for any later delete).
             check_now = after + 1 < self._horizon
             if not check_now and self._recent.get(key, 0) > after:
+                handle.deleted = True
                 handle.fire()  # it went just before we subscribed
                 return handle, False
             self._waiting.setdefault(key, []).append(handle)
@@ -148,6 +151,7 @@ class _LockWatch:
                     else:
                         del self._waiting[key]
         for handle in fired:
+            handle.deleted = True
             handle.fire()
 
     def fail(self) -> None:

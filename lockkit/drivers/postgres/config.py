@@ -36,6 +36,9 @@ class PostgresOptions:
     table: str = "lockkit_locks"
     """The lock table (``[schema.]name``): one row per lock name, with its advisory key and fencing counter.
     Created if missing (which needs CREATE on the schema once)."""
+    permit_table: str = "lockkit_permits"
+    """The table of semaphores and reader-writer locks (``[schema.]name``): one row per name with the limit its
+    holders use and its fencing counter. Created if missing, like the lock table."""
     namespace: str = "lockkit"
     """Hashed into every advisory key with the name: two applications on one database with different
     namespaces never share a lock."""
@@ -53,11 +56,12 @@ class PostgresOptions:
     target_session_attrs: str | None = None
 
     def __post_init__(self) -> None:
-        if not _IDENTIFIER.fullmatch(self.table):
-            raise ConfigError(
-                f"table must be a plain SQL identifier, optionally schema-qualified (letters, digits, _): "
-                f"got {self.table!r}"
-            )
+        for option in ("table", "permit_table"):
+            if not _IDENTIFIER.fullmatch(getattr(self, option)):
+                raise ConfigError(
+                    f"{option} must be a plain SQL identifier, optionally schema-qualified (letters, digits, _): "
+                    f"got {getattr(self, option)!r}"
+                )
         if not 0 < self.timeout <= 300:
             raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}")
         if not 2 <= self.max_sessions <= 10_000:

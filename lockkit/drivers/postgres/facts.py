@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...driver import Guarantees
+from ...driver import Guarantees, Offer
 
 __all__ = ["ACL_HINT", "GUARANTEES"]
 
@@ -16,6 +16,7 @@ GUARANTEES = Guarantees(
         "A lock is a session-level advisory lock on one PostgreSQL server, held by a session the driver owns; "
         "its ttl is the heartbeat deadline. A failover to a replica drops every advisory lock."
     ),
+    semaphores=Offer("yes"),
 )
 
 ACL_HINT = (

@@ -28,7 +28,8 @@ lock to the first live waiter and tells only that waiter (see the fair scripts
 in :mod:`.scripts`), so the hand-off costs the waiter no round trip, and
 a waiter that gives up leaves the queue (passing on a grant that reached it too
 late). A one-shot attempt (deadline already past) never queues. Redlock stays
-unqueued: per-master queues could disagree on the head and split the vote.
+unqueued: per-master queues could disagree on the head and split the vote; a releaser that woke another
+client's waiter pauses its next attempt instead (the ``pause`` of :func:`redlock_acquire_flow`).
 
 A granted waiter counts its validity from before its *first* attempt: the
 release set the key's TTL after that attempt queued it, so the server's expiry
@@ -53,9 +54,8 @@ from ...errors import BackendUnavailable
 from ...timing import Clock
 from .calls import Call
 from .keys import LockKeys
-from .quorum import NodeResult, quorum, tally_acquire
+from .quorum import NodeResult, free_in, quorum, tally_acquire
 from .scripts import (
-    ACQUIRE,
     FAIR_ACQUIRE,
     FAIR_FORCE_RELEASE,
     FAIR_RELEASE,
@@ -67,8 +67,8 @@ from .scripts import (
 )
 
 __all__ = [
-    "WAITER_ID", "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call", "redlock_acquire_flow",
-    "release_call", "waiter_id",
+    "WAITER_ID", "YIELD_MIN", "YIELD_ROUNDS", "Flow", "Op", "Send", "Wait", "Watch", "acquire_flow", "leave_call",
+    "redlock_acquire_flow", "release_call", "waiter_id",
 ]  # fmt: skip
 
 MARGIN_MS = 250
@@ -81,6 +81,13 @@ MAX_QUEUE = 1000
 SPLIT_SPREAD = 3
 """Redlock: after a split vote, retry within this many of the failed attempt's round trips (at most
 retry_delay): contenders a round trip apart do not split again."""
+
+YIELD_ROUNDS = 4
+"""Redlock: a release that woke another client's waiter keeps this client's next acquire of that lock (if it
+comes at once) off the masters for this many of the release's round trips (at least YIELD_MIN, at most
+retry_delay), so that the woken waiter, which needs a thread wake-up and a round trip of its own, gets the
+lock instead of the releaser that is already running (see docs/backends/redis.md, "Fairness")."""
+YIELD_MIN = 0.001
 
 R = TypeVar("R")
 Outcome = Literal["woken", "timeout", "cancelled"] | int
@@ -232,6 +239,12 @@ def acquire_flow(
     return None
 
 
+def answered(result: NodeResult) -> bool:
+    """A master ran the first call sent to it (its reply is not an error)."""
+    replies = result.replies
+    return not isinstance(replies, BaseException) and not isinstance(replies[0], BaseException)
+
+
 def redlock_acquire_flow(
     keys: LockKeys,
     token: str,
@@ -240,20 +253,40 @@ def redlock_acquire_flow(
     clock: Clock,
     masters: int,
     retry_delay: float,
+    pause: float = 0.0,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
-    take = (Call(ACQUIRE, keys.script_keys(1), (token, ms(ttl))),)
-    undo: tuple[Call, ...] = ()  # made at the first failed attempt: most acquires never need it
+    """``pause``: wait this long before the first attempt (the releaser's yield, YIELD_ROUNDS); a one-shot
+    attempt (``deadline`` already past) does not wait."""
+    # A plain SET NX PX, not a script: the fewest a master can do (a Lua call costs each master several times
+    # a SET, and on a machine that runs the masters too that is the client's time as well). How long the lock
+    # stays taken, which a failed SET does not say, comes from the undo that every failed attempt sends anyway.
+    take: tuple[Call, ...] = (Call(None, (), ("SET", keys.lock, token, "NX", "PX", ms(ttl))),)
+    pttl = Call(None, (), ("PTTL", keys.lock))
+    probe = (*take, pttl)
+    """A contended attempt: the SET and the lock's PTTL, so that one that won nowhere needs no undo."""
+    undo: tuple[Call, ...] = ()  # made at the first undo: most acquires never need it
     need = quorum(masters)
     watching = False
+    left = _left(clock, deadline)
+    waits = pause > 0 and (left is None or left > 0)  # a one-shot attempt never waits
+    if waits and (yield Wait(pause if left is None else min(pause, left))) == "cancelled":
+        return None
+    contended = pause > 0  # a releaser that yields expects to find the lock taken
+    leftover = False  # an undo did not reach every master: one may still hold our key (its nil means "ours")
     while True:
         sent_at = clock()
-        results: list[NodeResult] = yield Send(take, False)
+        results: list[NodeResult] = yield Send(probe if contended else take, False)
         elapsed = clock() - sent_at
         tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
-        undo = undo or (Call(RELEASE, keys.script_keys(1), (token, keys.channel)),)
-        yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
+        if contended and not leftover and tally.reached == masters and not tally.won:
+            undone = results  # every master answered nil: our key is nowhere, and the PTTLs came along
+        else:
+            undo = undo or (Call(RELEASE, keys.script_keys(1), (token, keys.channel)), pttl)
+            undone = yield Send(undo, True)  # on *all* masters: a timed-out one may have applied the SET
+            leftover = not all(answered(result) for result in undone)
+        contended = True
         if tally.reached < need:
             raise BackendUnavailable(
                 f"redlock reached {tally.reached} of {masters} masters but needs {need}; "
@@ -262,7 +295,8 @@ def redlock_acquire_flow(
         left = _left(clock, deadline)
         if left is not None and left <= 0:
             return None
-        if tally.free_in <= 0 or tally.won:
+        free = free_in(results, undone, ttl)
+        if free <= 0 or tally.won:
             # Nobody holds a quorum (free_in 0), or we won some masters: our attempt overlapped another's,
             # perhaps a split vote (whose other keys look held, for their full TTL, until undone). Retry after
             # a random delay, and sleep through wake-ups until then: the losers' undos PUBLISH, and retrying
@@ -287,6 +321,6 @@ def redlock_acquire_flow(
             watching = True
             if (yield Watch()):
                 continue
-        wait = tally.free_in + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * tally.free_in))
+        wait = free + _rng.uniform(0.0005, 0.0005 + min(0.05, 0.1 * free))
         if (yield Wait(wait if left is None else min(wait, left))) == "cancelled":
             return None

@@ -32,7 +32,7 @@ ones: Redlock's scripts the lock alone, the single-node renewal the lock and its
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...errors import ConfigError
 
@@ -44,8 +44,11 @@ DEFAULT_PREFIX = "lockkit:"
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 
 
-@dataclass(frozen=True)
-class LockKeys:
+class LockKeys(NamedTuple):
+    """The keys and channels of one lock (immutable: :func:`lock_keys` caches them). A named tuple rather than a
+    frozen dataclass, whose ``__init__`` sets each field through ``object.__setattr__``: they are built for
+    every fresh name an acquire sees (issue 17: 1.0 of the 3.7 µs a fresh name cost)."""
+
     lock: bytes
     fence: bytes
     channel: bytes
@@ -71,7 +74,9 @@ def check_prefix(prefix: str) -> str:
 
 @functools.lru_cache(maxsize=1 << 16)  # a renewal round maps thousands of the same names every ttl/3
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    base = f"{prefix}{{{name.translate(_ESCAPES)}}}".encode()
+    # translate() through a mapping costs more than the rest together; most names need no escape at all
+    escaped = name.translate(_ESCAPES) if "%" in name or "{" in name or "}" in name else name
+    base = f"{prefix}{{{escaped}}}".encode()
     clients = f"{prefix}client:".encode()
     return LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive", clients)
 

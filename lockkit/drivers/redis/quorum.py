@@ -7,14 +7,15 @@ monotonic clock from *before* the first request was sent.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...timing import drift
 
 __all__ = [
-    "NodeResult", "Tally", "count_ok", "count_repeated_misses", "quorum", "tally_acquire", "tally_renew", "validity",
+    "NodeResult", "Tally", "count_ok", "count_repeated_misses", "free_in", "others_woken", "quorum", "tally_acquire",
+    "tally_renew", "validity",
 ]  # fmt: skip
 
 
@@ -44,8 +45,6 @@ class Tally:
     won: int
     reached: int
     validity: float
-    free_in: float
-    """Seconds until a quorum of masters is free (0: split vote, nobody holds a quorum)."""
     epochs: tuple[int | None, ...]
     """Per master, its epoch if we won there, else None."""
 
@@ -56,31 +55,52 @@ def _reply(result: NodeResult, index: int) -> Any:
     return result.replies[index]
 
 
-def tally_acquire(results: Sequence[NodeResult], ttl: float, elapsed: float, index: int = 0) -> Tally:
+def tally_acquire(results: Sequence[NodeResult], ttl: float, elapsed: float) -> Tally:
+    """The attempt's ``SET NX PX`` replies: ``OK`` won, nil lost (the master answered: someone holds it),
+    anything else (an error, a timeout) not reached."""
     need = quorum(len(results))
     won = reached = 0
-    free: list[float] = []
     epochs: list[int | None] = []
     # On every uncontended acquire: one pass, each reply looked at once (no helper call per master).
     for result in results:
         replies = result.replies
-        reply = None if isinstance(replies, BaseException) else replies[index]
-        if not isinstance(reply, list) or len(reply) != 2:
-            free.append(math.inf)
-            epochs.append(None)
-            continue
-        reached += 1
-        if reply[0] == 1:
+        reply = None if isinstance(replies, BaseException) else replies[0]
+        if reply == b"OK":
             won += 1
-            free.append(0.0)
+            reached += 1
             epochs.append(result.epoch)
             continue
-        pttl = int(reply[1])
-        free.append(pttl / 1000 if pttl >= 0 else (ttl if pttl == -1 else 0.0))
+        if reply is None and not isinstance(replies, BaseException):
+            reached += 1
         epochs.append(None)
     left = validity(ttl, elapsed)
+    return Tally(won >= need and left > 0, won, reached, left, tuple(epochs))
+
+
+def free_in(attempt: Sequence[NodeResult], undo: Sequence[NodeResult], ttl: float, index: int = 1) -> float:
+    """Seconds until a quorum of masters is free (0: nobody holds a quorum, a split vote or a race), from a
+    failed attempt and its undo, whose ``index``-th reply per master is the lock's ``PTTL`` after our key
+    was removed (the failed ``SET`` itself says only "taken", not for how long).
+
+    A master we won is free (0); one the attempt did not reach may be held for ever (inf: it cannot make up
+    the quorum); one whose ``PTTL`` did not come back counts as held for a whole ``ttl``.
+    """
+    free: list[float] = []
+    for tried, undone in zip(attempt, undo, strict=True):
+        reply = _reply(tried, 0)
+        if reply == b"OK":
+            free.append(0.0)
+            continue
+        if reply is not None:  # an error: not reached
+            free.append(math.inf)
+            continue
+        pttl = _reply(undone, index)
+        if type(pttl) is not int:
+            free.append(ttl)
+        else:  # -2: no key (freed since); -1: a key without expiry (not ours): look again after a ttl
+            free.append(pttl / 1000 if pttl >= 0 else (ttl if pttl == -1 else 0.0))
     free.sort()
-    return Tally(won >= need and left > 0, won, reached, left, free[need - 1], tuple(epochs))
+    return free[quorum(len(attempt)) - 1]
 
 
 def tally_renew(
@@ -105,6 +125,11 @@ def tally_renew(
     return "unreachable" if reached < need else "lost"
 
 
+def _true(reply: Any) -> bool:
+    """A script's "done" (1, or RELEASE's 1 + the subscribers it woke), not its "not ours" (0, -1)."""
+    return type(reply) is int and reply > 0
+
+
 def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
     """(masters whose reply was a true integer, masters that answered at all)."""
     ok = reached = 0
@@ -116,8 +141,19 @@ def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
         if isinstance(reply, BaseException):
             continue
         reached += 1
-        ok += reply == 1
+        ok += _true(reply)
     return ok, reached
+
+
+def others_woken(results: Sequence[NodeResult], own: Callable[[int], bool], index: int = 0) -> bool:
+    """Whether a release woke a subscriber other than this client's own (``own(i)``: this client is subscribed
+    to the lock's channel on master ``i``, asked only of a master that woke someone) on any master: someone
+    else is waiting for the lock."""
+    for i, result in enumerate(results):
+        reply = _reply(result, index)
+        if type(reply) is int and reply > 1 and reply - 1 > own(i):
+            return True
+    return False
 
 
 def count_repeated_misses(results: Sequence[NodeResult], index: int = 0) -> int:
@@ -125,5 +161,5 @@ def count_repeated_misses(results: Sequence[NodeResult], index: int = 0) -> int:
     return sum(
         1
         for result in results
-        if result.repeated and not isinstance(reply := _reply(result, index), BaseException) and reply != 1
+        if result.repeated and not isinstance(reply := _reply(result, index), BaseException) and not _true(reply)
     )

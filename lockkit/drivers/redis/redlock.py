@@ -11,15 +11,18 @@ plus ``tls=true`` and ``retry_delay`` (upper bound of the random delay after a s
 
 **How it works.** Every request goes to all masters at once: the commands are written to every
 master first, then the replies are read against one shared deadline, so a slow or blackholed
-master costs one ``timeout``, not one per master, and no thread is needed. The same Lua scripts
-and key layout as the single-node driver are used (:mod:`.scripts`,
-:mod:`.keys`), without the fencing counter. A grant needs a quorum (N // 2 + 1) *and* a
-positive validity, ``ttl − elapsed − (ttl × 0.01 + 2 ms)``, measured from before the first
-request; otherwise the round is undone on *all* masters (a timed-out one may have applied it)
-before waiting: for the release's wake-up when someone holds a quorum, or, after a split vote
-or a race, for a random pause of at most three round trips (and ``retry_delay``) that ignores
-wake-ups, so that the losers do not retry in step. A renewal holds only on a quorum within validity, and a master whose
-``run_id`` changed since the acquire (it restarted, perhaps without our key) does not count.
+master costs one ``timeout``, not one per master, and no thread is needed. The acquire is a plain
+``SET NX PX`` (no script: the cheapest a master can do); release, renew and undo use the single-node
+driver's Lua scripts (:mod:`.scripts`) and key layout (:mod:`.keys`), without the fencing counter. A
+grant needs a quorum (N // 2 + 1) *and* a positive validity, ``ttl − elapsed − (ttl × 0.01 + 2 ms)``,
+measured from before the first request; otherwise the round is undone on *all* masters (a timed-out one
+may have applied it) before waiting: for the release's wake-up when someone holds a quorum, or, after a
+split vote or a race, for a random pause of at most three round trips (and ``retry_delay``) that ignores
+wake-ups, so that the losers do not retry in step. Only a retry that every master answered with "taken"
+is not undone (our key is nowhere, unless an earlier undo missed a master: then it is undone too): a retry
+also asks each master the lock's ``PTTL``, which a first attempt leaves to its undo. A renewal holds only
+on a quorum within validity, and a master whose ``run_id`` changed since the acquire (it restarted,
+perhaps without our key) does not count.
 
 **Guarantees and their limits.** Safety rests on timing: bounded clock drift between masters
 and clients, and no process pause longer than the validity; a master restarted without
@@ -31,7 +34,11 @@ can hand the *same* token to two clients in exactly the overlap that fencing exi
 fencing token (``lease.fenced`` is false; reading ``lease.fencing_token`` raises ``ConfigError``).
 Use etcd or ZooKeeper where correctness needs fencing. Replicas given as masters are not
 detected. Waiting is not FIFO (per-master queues could disagree on the head and split the
-vote): a release wakes every waiter of the lock.
+vote): a release wakes every waiter of the lock. So that a releaser that acquires again at once does not
+take the lock straight back from a client that waits for it (it is already running, the waiter must wake
+up first), a release whose ``PUBLISH`` reached another client's subscriber makes this client's next
+acquire of that lock wait a few round trips first (:data:`.flow.YIELD_ROUNDS`; docs/backends/redis.md,
+"Redlock fairness").
 
 **Presence records** (for ``migrate``, :mod:`.presence`): an announce or
 withdraw goes to every master and stands once a majority applied it; ``members``

@@ -20,7 +20,6 @@ import hashlib
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ACQUIRE",
     "ALL",
     "ANNOUNCE",
     "FORCE_RELEASE",
@@ -43,20 +42,6 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
-# KEYS[1] lock key; KEYS[2] (optional) fencing counter of the same name
-# ARGV[1] token; ARGV[2] TTL in milliseconds
-# -> {1, fence} if taken (fence is 0 without KEYS[2]); {0, pttl} if someone else holds it
-ACQUIRE = Script(
-    "acquire",
-    """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if KEYS[2] then return {1, redis.call('incr', KEYS[2])} end
-  return {1, 0}
-end
-return {0, redis.call('pttl', KEYS[1])}
-""",
-)
-
 # KEYS[1] lock key; KEYS[2] (optional) fencing counter
 # ARGV[1] token; ARGV[2] TTL in milliseconds
 # -> the fence (0 without KEYS[2]) if the key still held our token (its TTL is now ARGV[2]); -1 otherwise.
@@ -75,14 +60,14 @@ return -1
 
 # KEYS[1] lock key
 # ARGV[1] token; ARGV[2] wake-up channel of the same name
-# -> 1 if the key held our token (deleted, waiters woken); 0 otherwise (nothing touched)
+# -> 1 + the number of subscribers woken if the key held our token (deleted, waiters woken); 0 otherwise
+#    (nothing touched). Redlock's releaser reads who else was waiting from it (see flow.YIELD_ROUNDS).
 RELEASE = Script(
     "release",
     """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('publish', ARGV[2], '')
-  return 1
+  return 1 + redis.call('publish', ARGV[2], '')
 end
 return 0
 """,
@@ -372,7 +357,7 @@ return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), redis.call('get
 )
 
 ALL = (
-    ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, HOLDER, FAIR_ACQUIRE, FAIR_RELEASE, FAIR_FORCE_RELEASE, LEAVE,
+    RENEW, RELEASE, FORCE_RELEASE, HOLDER, FAIR_ACQUIRE, FAIR_RELEASE, FAIR_FORCE_RELEASE, LEAVE,
     FAIR_HOLDER, ANNOUNCE, WITHDRAW, MEMBERS,
 )  # fmt: skip
 

@@ -10,7 +10,7 @@ Cluster hash tag ``{E}``), under the driver's prefix ``P`` (default ``lockkit:``
                               token of the writer holding, if one does), seq (the queues' arrival counter)
     P sem{E}:queue     ZSET   member = queued permit waiter's id (<client id>.<ttl ms>.<token>), score = arrival
     P sem{E}:qexp      HASH   queued permit waiter's id -> when its place lapses (server ms)
-    P sem{E}:fences    HASH   token -> fence of a permit a release granted directly (until it is released)
+    P sem{E}:fences    HASH   holder's token -> its fence (until it is released or lapses)
     P sem{E}:wake      pub/sub channel: an empty message after every release and every writer leaving
 
 Expired holders and lapsed writers are pruned by every script before it decides, on the server's clock
@@ -19,13 +19,15 @@ fencing counter lives as long as the server keeps its data, as a lock's does. Th
 backend (docs/semaphores.md): a permit while fewer than ``limit`` are held and no older permit waiter is
 queued; a read while no writer holds or waits; a write when nobody holds and it is the oldest waiting writer.
 Every grant is ``HINCRBY fence``. A release hands a freed permit to the oldest queued permit waiter whose
-client still listens, on that client's own channel (``P client:<client id>``, as a lock's release does).
+client still listens, on that client's own channel (``P client:<client id>``, as a lock's release does; on a
+Redis Cluster ``P sem{E}:client:<client id>``, in the name's slot, and the scripts use SPUBLISH: :func:`sharded`).
 
 Names travel only as ``KEYS`` and tokens, TTLs and modes only as ``ARGV``, as in :mod:`.scripts`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -34,6 +36,8 @@ from .keys import _ESCAPES
 from .scripts import Script
 
 __all__ = [
+    "CLUSTER_PERMITS",
+    "PLAIN_SCRIPTS",
     "REDLOCK_PERMITS",
     "SEM_ACQUIRE",
     "SEM_CLEAR",
@@ -42,8 +46,12 @@ __all__ = [
     "SEM_RELEASE",
     "SEM_RENEW",
     "SENTINEL_PERMITS",
+    "SHARDED_SCRIPTS",
     "PermitKeys",
+    "PermitScripts",
+    "cluster_permit_keys",
     "permit_keys",
+    "sharded",
 ]
 
 
@@ -63,6 +71,10 @@ class PermitKeys:
     def script_keys(self) -> tuple[bytes, ...]:
         """The ``KEYS`` every permit script takes, in this order."""
         return (self.holders, self.writers, self.wexp, self.meta, self.queue, self.qexp, self.fences)
+
+    def renew_keys(self) -> tuple[bytes, bytes]:
+        """The ``KEYS`` of :data:`SEM_RENEW`, which needs only these two."""
+        return (self.holders, self.fences)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -114,11 +126,12 @@ if writer and not redis.call('zscore', KEYS[1], writer) then
 end
 -- the limit the live holders and waiters use; a stored one with nobody left binds nobody
 local held_limit = (holders > 0 or waiting > 0 or queued > 0) and meta[2]
-local function grant(token, ttl, remember)
+local function grant(token, ttl)
   local fence = redis.call('hincrby', KEYS[4], 'fence', 1)
   redis.call('zadd', KEYS[1], now + ttl, token)
-  -- a grant by a release is told by a message that may be lost: the waiter's next attempt reads it here
-  if remember then redis.call('hset', KEYS[7], token, fence) end
+  -- Every holder's fence is kept: a grant told by a release's message (which may be lost), or an attempt sent
+  -- again after its reply was lost (Sentinel, Cluster), reads it back from here, never a 0.
+  redis.call('hset', KEYS[7], token, fence)
   return fence
 end
 """
@@ -140,7 +153,7 @@ local function hand_off(channel, clients)
       tries = tries + 1
       local fence = tonumber(redis.call('hget', KEYS[4], 'fence') or '0') + 1
       if redis.call('publish', clients .. client, head .. ' ' .. fence) > 0 then
-        grant(token, tonumber(ttl), true)
+        grant(token, tonumber(ttl))
         return
       end
       silent[client] = true
@@ -223,10 +236,12 @@ else
   end
 end
 keep_limit()
-return {1, grant(ARGV[1], ttl, false)}
+return {1, grant(ARGV[1], ttl)}
 """,
 )
 
+# KEYS: holders, fences only (:meth:`PermitKeys.renew_keys`): both exist while anyone holds, so a renewal is
+# served while the name's slot migrates (a cluster answers TRYAGAIN to a script some of whose keys are missing).
 # ARGV[1] token; ARGV[2] ttl ms -> the permit's fence if it was still ours (its expiry moved), -1 otherwise
 SEM_RENEW = Script(
     "sem_renew",
@@ -236,7 +251,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local at = redis.call('zscore', KEYS[1], ARGV[1])
 if not at or tonumber(at) <= now then return -1 end
 redis.call('zadd', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-return tonumber(redis.call('hget', KEYS[7], ARGV[1]) or '0')
+return tonumber(redis.call('hget', KEYS[2], ARGV[1]) or '0')
 """,
 )
 
@@ -332,9 +347,41 @@ REDLOCK_PERMITS = Offer(
     "so the limit is exceeded with no master at fault (limit 1 is a lock: use lock()); and Redlock hands out no "
     "fencing tokens",
 )
-SENTINEL_PERMITS = Offer(
-    "not yet",
-    "the permit scripts would run on the master as on redis://, but their fencing tokens are not yet lifted by "
-    "the sentinels' config-epoch as lock tokens are, so a failover that lost the counter could hand out lower "
-    "tokens",
-)
+# Sentinel and Cluster run the same scripts on the master (Cluster: of the name's slot), their fences lifted by
+# the master's config epoch as lock tokens are (their drivers' permit classes).
+SENTINEL_PERMITS = Offer("yes")
+CLUSTER_PERMITS = Offer("yes")
+
+
+# -- redis+cluster:// -----------------------------------------------------------------------------------------
+# In a cluster a script may publish only on a shard channel of its own slot: the same scripts with SPUBLISH, and
+# the clients' channels moved into the name's slot (``P sem{E}:client:<client id>``), as the lock's are.
+
+
+def sharded(script: Script) -> Script:
+    source = script.source.replace("redis.call('publish',", "redis.call('spublish',")
+    assert source != script.source, script.name
+    return Script(script.name + "_sharded", source)
+
+
+@dataclass(frozen=True)
+class PermitScripts:
+    """The scripts a permit driver runs: those that publish differ on a cluster (:func:`sharded`)."""
+
+    acquire: Script
+    release: Script
+    leave: Script
+    clear: Script
+    renew: Script = SEM_RENEW
+    info: Script = SEM_INFO
+
+
+PLAIN_SCRIPTS = PermitScripts(SEM_ACQUIRE, SEM_RELEASE, SEM_LEAVE, SEM_CLEAR)
+SHARDED_SCRIPTS = PermitScripts(sharded(SEM_ACQUIRE), sharded(SEM_RELEASE), sharded(SEM_LEAVE), sharded(SEM_CLEAR))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def cluster_permit_keys(prefix: str, name: str) -> PermitKeys:
+    """:func:`permit_keys` with the clients' channels in the name's slot (a script may SPUBLISH only there)."""
+    keys = permit_keys(prefix, name)
+    return dataclasses.replace(keys, clients=keys.holders[: -len(b":holders")] + b":client:")

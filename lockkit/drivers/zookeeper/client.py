@@ -44,6 +44,8 @@ EPHEMERAL_SEQUENTIAL_FLAG = 3
 """``CreateMode.EPHEMERAL_SEQUENTIAL``."""
 CREATE, CREATE2, CREATE_CONTAINER, MULTI_ERROR = 1, 15, 19, -1
 """Opcodes of a ``multi``'s operations and of its results (an error result's type is -1)."""
+DELETE, SET_DATA, CHECK = 2, 5, 13
+"""More opcodes a ``multi`` may carry (the permits' version checks, :mod:`.permits`)."""
 
 
 KAZOO_LOGGER = "lockkit.kazoo"
@@ -205,11 +207,16 @@ class Multi:
             elif header.type == CREATE:
                 path, offset = read_string(data, offset)
                 results.append((path, None))
+            elif header.type == SET_DATA:
+                results.append(ZnodeStat._make(stat_struct.unpack_from(data, offset)))
+                offset += stat_struct.size
+            elif header.type in (CHECK, DELETE):
+                results.append(True)  # no body
             elif header.type == MULTI_ERROR:
                 code = int_struct.unpack_from(data, offset)[0]
                 offset += int_struct.size
                 results.append(EXCEPTIONS[code]())
-            else:  # lockkit sends creates only; anything else means the framing is not what we think
+            else:  # lockkit sends creates, deletes, sets and checks only: the framing is not what we think
                 raise ValueError(f"unexpected result type {header.type} in a ZooKeeper multi reply")
             header, offset = MultiHeader.deserialize(data, offset)
         return results

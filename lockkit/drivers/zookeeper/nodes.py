@@ -237,8 +237,16 @@ def contenders(children: Iterable[str]) -> list[str]:
 
 
 def with_prefix(children: Iterable[str], prefix: str) -> list[str]:
-    """The children created with stem ``prefix`` (at most one, unless a create was retried)."""
-    return [child for child in children if child.startswith(prefix) and sequence(child) is not None]
+    """The children created with stem ``prefix`` (at most one, unless a create was retried).
+
+    A sequential node is the stem plus the server's digits; a permit's lease node (:mod:`.permits`) is the
+    stem alone. The stem holds a random uuid, so nothing else starts with it.
+    """
+    return [
+        child
+        for child in children
+        if child == prefix or (child.startswith(prefix) and child[len(prefix) :].lstrip("-").isdigit())
+    ]
 
 
 @contextlib.contextmanager

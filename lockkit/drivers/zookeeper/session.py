@@ -74,6 +74,7 @@ class Session:
         self._credential = credential
         self._clock = clock
         self._events = events
+        self.events = events
         self._start_lock = threading.Lock()
         self._base_lock = threading.Lock()
         self._mutex = threading.Lock()
@@ -93,6 +94,14 @@ class Session:
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.closed = False
+
+    def twin(self, events: LeaseEvents) -> Session:
+        """A second session to the same servers, with the same settings, whose losses go to ``events``.
+
+        Permits (:mod:`.permits`) live on one of their own, as etcd's do on their own leases: a lost session
+        then reports exactly the permits on it to the permit handles, and none of the locks.
+        """
+        return Session(self.hosts, self.options, self._credential, self._clock, events, self.layout, self.url)
 
     # -- the client ---------------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ Guarantees and deviations:
   ``ConfigError`` naming the user, never the password. TLS is not supported yet.
 * kazoo has no asyncio API: the async face is :class:`lockkit.offload.ThreadOffloadDriver`.
 * Presence records (``migrate``) live as long as the session, not for their ttl: see :mod:`.presence`.
+* Semaphores and reader-writer locks (kazoo's recipes' layouts, on a session of their own): :mod:`.permits`.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ from typing import Any, ClassVar
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, UnimplementedError
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, LeaseEvents, Offer, RenewRequest
 from ...errors import BackendUnavailable, ConfigError
 from ...lease import token_hint
 from ...urls import BackendURL, parse_options
@@ -132,6 +133,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         survives_failover=True,
         lifetime="session",
         note="A lock lives as long as the client's ZooKeeper session; its ttl is the negotiated session timeout.",
+        semaphores=Offer("yes"),  # issue 18: .permits, kazoo's ReadLock/WriteLock/Semaphore layouts
     )
 
     def __init__(self, session: Session, ctx: DriverContext, shown: str) -> None:
@@ -544,6 +546,18 @@ class ZooKeeperDriver(ZooKeeperPresence):
 
     def close(self) -> None:
         self._session.close()
+
+    # -- semaphores and reader-writer locks (issue 18; see .permits) ---------------------------
+
+    def permits(self, events: LeaseEvents | None = None) -> Any:
+        """Permits on a session of their own, whose losses are reported to ``events`` (the permit handles')."""
+        from .permits import ZooKeeperPermits
+
+        return ZooKeeperPermits(
+            self._session.twin(events or self._session.events),
+            DriverContext(self._clock, events or self._session.events),
+            self._shown,
+        )
 
     @property
     def session_timeout(self) -> float:

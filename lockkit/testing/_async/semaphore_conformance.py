@@ -55,6 +55,11 @@ async def _wait_for_file(path: Path, timeout: float) -> str:
 class AsyncSemaphoreSuite:
     """Semaphores and reader-writer locks on one face. Provide a function-scoped ``url``."""
 
+    killed_holder_freed_at_once = False
+    """Set it on a backend whose permits live exactly as long as the holder's connection (postgresql://): the
+    server frees them as soon as the kernel closes a killed holder's socket, so there is no moment left in
+    which the dead holder can be seen holding."""
+
     @pytest.fixture
     async def locks(self, url: str) -> AsyncIterator[lockkit.AsyncLocker]:
         async with lockkit.connect_async(url) as locker:
@@ -333,7 +338,8 @@ class AsyncSemaphoreSuite:
                     handle: lockkit.AsyncPermit = locks.semaphore(name, limit=1, ttl=HOLD_TTL)
                 else:
                     handle = locks.rwlock(name, ttl=HOLD_TTL).write()
-                assert await handle.try_acquire() is None, "the frozen or dead holder still holds"
+                if not (sig == signal.SIGKILL and self.killed_holder_freed_at_once):
+                    assert await handle.try_acquire() is None, "the frozen or dead holder still holds"
                 lease = await handle.acquire(timeout=SHORT_TTL * 3 + SLACK + 10)
                 assert time.monotonic() - killed <= SHORT_TTL * 3 + SLACK + 10
                 if fences(locks):

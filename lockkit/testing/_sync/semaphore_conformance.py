@@ -57,6 +57,11 @@ def _wait_for_file(path: Path, timeout: float) -> str:
 class SemaphoreSuite:
     """Semaphores and reader-writer locks on one face. Provide a function-scoped ``url``."""
 
+    killed_holder_freed_at_once = False
+    """Set it on a backend whose permits live exactly as long as the holder's connection (postgresql://): the
+    server frees them as soon as the kernel closes a killed holder's socket, so there is no moment left in
+    which the dead holder can be seen holding."""
+
     @pytest.fixture
     def locks(self, url: str) -> Iterator[lockkit.Locker]:
         with lockkit.connect(url) as locker:
@@ -335,7 +340,8 @@ class SemaphoreSuite:
                     handle: lockkit.Permit = locks.semaphore(name, limit=1, ttl=HOLD_TTL)
                 else:
                     handle = locks.rwlock(name, ttl=HOLD_TTL).write()
-                assert handle.try_acquire() is None, "the frozen or dead holder still holds"
+                if not (sig == signal.SIGKILL and self.killed_holder_freed_at_once):
+                    assert handle.try_acquire() is None, "the frozen or dead holder still holds"
                 lease = handle.acquire(timeout=SHORT_TTL * 3 + SLACK + 10)
                 assert time.monotonic() - killed <= SHORT_TTL * 3 + SLACK + 10
                 if fences(locks):

@@ -30,7 +30,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg import errors as pg_errors
 
-from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, LeaseEvents, RenewRequest, one_renewal
 from ....errors import BackendUnavailable, ConfigError, LockError
 from ....lease import token_hint
 from ....urls import BackendURL
@@ -535,6 +535,14 @@ class AsyncPostgresDriver:
 
     async def ping(self) -> None:
         await self._query(self._sql.heartbeat, ())
+
+    def permits(self, events: LeaseEvents | None = None) -> Any:
+        """Semaphores and reader-writer locks on sessions of their own (``.permits``), whose losses are reported
+        to ``events`` (the permit handles')."""
+        from .permits import AsyncPostgresPermits
+
+        ctx = DriverContext(self._clock, events or self._events)
+        return AsyncPostgresPermits(self._params, self._options, ctx, self._shown)
 
     async def close(self) -> None:
         if self._closed:

@@ -32,7 +32,7 @@ import psycopg
 from psycopg import Connection
 from psycopg import errors as pg_errors
 
-from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, LeaseEvents, RenewRequest, one_renewal
 from ....errors import BackendUnavailable, ConfigError, LockError
 from ....lease import token_hint
 from ....urls import BackendURL
@@ -537,6 +537,14 @@ class PostgresDriver:
 
     def ping(self) -> None:
         self._query(self._sql.heartbeat, ())
+
+    def permits(self, events: LeaseEvents | None = None) -> Any:
+        """Semaphores and reader-writer locks on sessions of their own (``.permits``), whose losses are reported
+        to ``events`` (the permit handles')."""
+        from .permits import PostgresPermits
+
+        ctx = DriverContext(self._clock, events or self._events)
+        return PostgresPermits(self._params, self._options, ctx, self._shown)
 
     def close(self) -> None:
         if self._closed:

@@ -16,7 +16,11 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
 * **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
-  with the sentinels' config-epoch of the master that granted them.
+  with the sentinels' config-epoch of the master that granted them;
+* **semaphores and reader-writer locks** (:class:`AsyncSentinelPermits`): the scripts of ``redis://`` on the
+  current master, following it as every call does, their fences lifted by the epoch of the master whose reply
+  carried them (a grant told by a release's message: of the master followed when the acquire began, if it is
+  still the one followed, as for locks).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any, ClassVar
 from redis.exceptions import AuthenticationError, BusyLoadingError, ReadOnlyError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, PermitMode, RenewRequest
 from ....errors import BackendUnavailable
 from ....lease import token_hint
 from ....urls import BackendURL
@@ -45,10 +49,11 @@ from ..semaphore_scripts import SENTINEL_PERMITS
 from ..sentinel_config import SentinelTarget, sentinel_target
 from .node import AsyncNode
 from .primitives import pause
+from .semaphore import AsyncRedisPermits
 from .sentinels import AsyncSentinels
 from .single import AsyncRedisDriver
 
-__all__ = ["GUARANTEES", "AsyncSentinelDriver"]
+__all__ = ["GUARANTEES", "AsyncSentinelDriver", "AsyncSentinelPermits"]
 
 log = logging.getLogger("lockkit")
 
@@ -67,7 +72,7 @@ GUARANTEES = Guarantees(
     "grant that had not reached the promoted replica is lost and a second client can take the lock "
     "(min_replicas=N narrows this to grants no replica acknowledged). Fencing tokens carry the sentinels' "
     "config-epoch (epoch << 48 | counter), so they stay increasing across failovers.",
-    semaphores=SENTINEL_PERMITS,  # issue 18: the reason is in ..semaphore_scripts
+    semaphores=SENTINEL_PERMITS,  # issue 18: AsyncSentinelPermits
 )
 
 
@@ -277,6 +282,10 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         lifted = composite_token(epoch, int(fence)) if fence else None
         return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
 
+    def permits(self, events: object = None) -> Any:
+        """Semaphores and reader-writer locks on the current master (issue 18)."""
+        return AsyncSentinelPermits(self)
+
     async def close(self) -> None:
         await self._background.close([self._hub, self._switch_hub])
         await self._node.close()
@@ -286,3 +295,52 @@ class AsyncSentinelDriver(AsyncRedisDriver):
 
     def __repr__(self) -> str:
         return f"AsyncSentinelDriver({self.target.service!r} via {self.target.tried})"
+
+
+class AsyncSentinelPermits(AsyncRedisPermits):
+    """The permits of :class:`AsyncRedisPermits` on the master the sentinels name.
+
+    Every call runs through :meth:`AsyncSentinelDriver._run_on`, which follows a failover and names the config
+    epoch of the master that answered: a fence is lifted by that epoch, so a promoted replica that missed the
+    last grants (its counter behind) still hands out tokens above them. A grant told by a release's message is
+    lifted by the epoch of the master followed when the acquire began if the driver still follows that one (the
+    pub/sub hub is retargeted only when the driver follows a new master, so the message came from it, as the
+    lock's acquire reasons); else it is confirmed by one more attempt on the master of now, whose reply names
+    the epoch. A permit the promoted master never received is not found by that attempt, nor by the next
+    renewal, which reports the loss.
+    """
+
+    def __init__(self, driver: AsyncSentinelDriver) -> None:
+        super().__init__(driver)
+        self._sentinel = driver
+
+    async def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+        return await self._sentinel._run_on(calls)
+
+    async def _mark(self) -> tuple[int, int]:
+        await self._sentinel._located()
+        return self._sentinel._generation, self._sentinel._epoch
+
+    def _by_message(self, mark: Any, fence: int) -> int | None:
+        generation, epoch = mark
+        if self._sentinel._generation != generation:
+            return None  # the master changed while we waited: the message's master (and epoch) is unknown
+        return self._lift(epoch, fence)
+
+    async def acquire_permit(
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        deadline: float | None,
+        limit: int,
+        mode: PermitMode,
+        cancel: Cancel | None = None,
+    ) -> Grant | None:
+        clock = self._sentinel.clock
+        until = None if deadline is None else time.monotonic() + max(0.0, deadline - clock())
+        reset = _CALLER_GIVES_UP.set(until)  # following a failover never keeps the acquire past its deadline
+        try:
+            return await super().acquire_permit(name, token, ttl, deadline, limit, mode, cancel)
+        finally:
+            _CALLER_GIVES_UP.reset(reset)

@@ -49,6 +49,9 @@ GUARANTEES = Guarantees(
 
 class AsyncRedisDriver:
     guarantees: ClassVar[Guarantees] = GUARANTEES
+    finish_inline: ClassVar[bool] = True
+    """Its calls (and those of the Sentinel and cluster drivers built on it) never cancel the task they run in,
+    so an asyncio release or renew runs in the caller's task (``lockkit._async.cancel_safe``; issue 17)."""
 
     def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
         self.spec, self.options, self.clock = spec, options, ctx.clock

@@ -18,7 +18,9 @@ its lock's slot; the URL, guarantees and what migrations and failovers do are do
   ``cluster_my_epoch`` (the answering master's config epoch) lifts the fence (``epoch << 48 | counter``), read
   from the same server in the same round trip: never an epoch from a stale map;
 * **waking**: sharded pub/sub on the lock's master (:mod:`..cluster_hub`);
-* **renewals**: one pipeline per master, all sent before any reply is read.
+* **renewals**: one pipeline per master, all sent before any reply is read;
+* **semaphores and reader-writer locks** (:class:`ClusterPermits`): the scripts of ``redis://`` with
+  SPUBLISH, every key and channel of a name in its slot, routed and lifted as the lock's calls are.
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ from ..errors import translate
 from ..flow import Flow, acquire_flow, checked, release_call
 from ..keys import LockKeys, cluster_lock_keys
 from ..scripts import FAIR_ACQUIRE, FAIR_HOLDER
+from ..semaphore_scripts import CLUSTER_PERMITS, SHARDED_SCRIPTS, PermitKeys, cluster_permit_keys
 from .node import Pending, SyncNode
 from .primitives import pause
+from .semaphore import RedisPermits
 from .single import RedisDriver
 
-__all__ = ["GUARANTEES", "ClusterDriver"]
+__all__ = ["GUARANTEES", "ClusterDriver", "ClusterPermits"]
 
 GUARANTEES = Guarantees(
     scope="single-node",
@@ -60,13 +64,16 @@ GUARANTEES = Guarantees(
     "(asynchronous replication), so a second client can take the lock. A slot migration keeps held locks. "
     "Fencing tokens carry the granting master's config epoch (epoch << 48 | counter), so they stay increasing "
     "across failovers and migrations.",
+    semaphores=CLUSTER_PERMITS,  # issue 18: ClusterPermits
 )
 
 _INFO = Call(None, (), ("CLUSTER", "INFO"))
 _NODES = ("CLUSTER", "NODES")
 _ASKING = Call(None, (), ("ASKING",))
-_EPOCH_SCRIPTS = (FAIR_ACQUIRE, FAIR_HOLDER)
+_EPOCH_SCRIPTS = (FAIR_ACQUIRE, FAIR_HOLDER, SHARDED_SCRIPTS.acquire, SHARDED_SCRIPTS.info)
 """Calls whose replies carry a fence that an epoch must lift: pipelined with ``CLUSTER INFO``."""
+_ACQUIRE_SCRIPTS = (FAIR_ACQUIRE, SHARDED_SCRIPTS.acquire)
+"""Calls that may grant: never sent to a slot's importing master before the move ends (see :meth:`_routed`)."""
 
 
 _ATTEMPT_EPOCH: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("lockkit_cluster_epoch", default=None)
@@ -167,7 +174,7 @@ class ClusterDriver(RedisDriver):
         ``_attempt``: the acquire finds its own token, the others are owner-checked)."""
         slot = self._slot(calls)
         lifted = any(call.script in _EPOCH_SCRIPTS for call in calls)
-        acquiring = any(call.script is FAIR_ACQUIRE for call in calls)
+        acquiring = any(call.script in _ACQUIRE_SCRIPTS for call in calls)
         send = [*calls, _INFO] if lifted else list(calls)
         give_up = time.monotonic() + self.target.options.failover_wait
         repeated, asking = False, None
@@ -268,22 +275,39 @@ class ClusterDriver(RedisDriver):
         return Grant(composite_token(seen[0], grant.fencing_token), grant.ttl, grant.sent_at)
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
-        """One pipeline per master, all sent before any reply is read; a renewal redirected or cut off goes again
-        on its own (the slow path of a migration or failover)."""
+        """One pipeline per master, all sent before any reply is read (:meth:`_per_master`)."""
         sent_at = self.clock()
+        results: list[Grant | Exception | None] = []
+        append = results.append
+        # _renewed's rule, one reply at a time (each carries its own master's epoch): a call per lease cost more
+        for request, got in zip(requests, self._per_master(self._renew_calls(requests)), strict=True):
+            if isinstance(got, BackendUnavailable):
+                append(got)
+                continue
+            reply, epoch = got
+            if type(reply) is not int:  # a refused script: BackendUnavailable, as _renewed reports it
+                append(self._renewed((request,), (reply,), sent_at, epoch)[0])
+            elif reply < 0:
+                append(None)  # the server no longer holds our token
+            else:
+                append(Grant(composite_token(epoch, reply) if epoch else reply, request.ttl, sent_at))
+        return results
+
+    def _per_master(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
+        """Each call's reply with the config epoch of the master that ran it: one pipeline per master (with
+        ``CLUSTER INFO`` last), all sent before any reply is read; a call redirected or cut off goes again on its
+        own (the slow path of a migration or failover), and one that found no master gets its error."""
         if not self._map.known:
             self._refresh()
         groups: dict[tuple[str, int], list[int]] = {}
         shards: dict[tuple[str, int], Shard] = {}
-        calls = self._renew_calls(requests)
         for index, call in enumerate(calls):
             shard = self._map.owners[key_slot(call.keys[0])]
             if shard is None:
                 continue
             groups.setdefault((shard.host, shard.port), []).append(index)
             shards[(shard.host, shard.port)] = shard
-        results: list[Grant | Exception | None] = [None] * len(requests)
-        done = [False] * len(requests)
+        results: list[tuple[Any, int] | BackendUnavailable | None] = [None] * len(calls)
         pending: list[tuple[SyncNode, list[int], Pending | None]] = []
         for key, indexes in groups.items():
             node = self._node_of(shards[key])
@@ -302,17 +326,18 @@ class ClusterDriver(RedisDriver):
             epoch = my_epoch(replies[-1]) or 0
             if any(redirect(r) is not None for r in replies[:-1]):
                 continue
-            batch = [requests[i] for i in indexes]
-            for i, result in zip(indexes, self._renewed(batch, replies[:-1], sent_at, epoch), strict=True):
-                results[i], done[i] = result, True
-        for index, request in enumerate(requests):
-            if not done[index]:
+            for i, reply in zip(indexes, replies[:-1], strict=True):
+                results[i] = (reply, epoch)
+        done: list[tuple[Any, int] | BackendUnavailable] = []
+        for index, result in enumerate(results):
+            if result is None:
                 try:
-                    replies, epoch, _ = self._routed([calls[index], _INFO])
-                    results[index] = self._renewed([request], replies[:-1], sent_at, my_epoch(replies[-1]) or 0)[0]
+                    replies, _, _ = self._routed([calls[index], _INFO])
+                    result = (replies[0], my_epoch(replies[-1]) or 0)
                 except BackendUnavailable as exc:
-                    results[index] = exc
-        return results
+                    result = exc
+            done.append(result)
+        return done
 
     def release(self, name: str, token: str) -> bool:
         replies, _, repeated = self._routed([release_call(self._keys(name), token)])
@@ -327,6 +352,10 @@ class ClusterDriver(RedisDriver):
         lifted = composite_token(epoch, int(fence)) if fence else None
         return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
 
+    def permits(self, events: object = None) -> Any:
+        """Semaphores and reader-writer locks, each name on the master of its slot (issue 18)."""
+        return ClusterPermits(self)
+
     def close(self) -> None:
         self._background.close([self._hub])
         for node in list(self._nodes.values()):
@@ -335,3 +364,34 @@ class ClusterDriver(RedisDriver):
 
     def __repr__(self) -> str:
         return f"ClusterDriver({self.target.tried})"
+
+
+class ClusterPermits(RedisPermits):
+    """The permits of :class:`RedisPermits` on the master of each name's slot.
+
+    Every key of a name and both its channels (``…:wake``, ``P sem{E}:client:<client id>``) share the name's hash
+    tag, so each operation stays one script on one master, whose replies this driver routes like the lock's
+    (``MOVED``, ``ASK`` but for an acquire, ``TRYAGAIN``, a failover) and whose waiters wait on sharded pub/sub
+    there (:mod:`..cluster_hub`). Acquire and info calls are pipelined with ``CLUSTER INFO``: the fence is lifted by
+    the epoch of the master that ran them; a grant told by a release's message is confirmed by one more attempt
+    for that epoch (:meth:`_by_message`). Renewals go in one pipeline per master.
+    """
+
+    scripts = SHARDED_SCRIPTS
+
+    def __init__(self, driver: ClusterDriver) -> None:
+        super().__init__(driver)
+        self._cluster = driver
+        self._label = "cluster"
+
+    def _keys(self, name: str) -> PermitKeys:
+        return cluster_permit_keys(self._cluster.options.prefix, name)
+
+    def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+        return self._cluster._routed(calls)
+
+    def _renew_replies(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
+        return self._cluster._per_master(calls)
+
+    def _by_message(self, mark: Any, fence: int) -> None:
+        return None  # only a reply names the epoch (the CLUSTER INFO behind it): confirm with one more attempt

@@ -26,11 +26,11 @@ from ....urls import BackendURL
 from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..errors import refused_logins
-from ..flow import Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
+from ..flow import YIELD_MIN, YIELD_ROUNDS, Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
 from ..hub import Hub
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
-from ..quorum import NodeResult, count_ok, count_repeated_misses, quorum, tally_renew
+from ..quorum import NodeResult, count_ok, count_repeated_misses, others_woken, quorum, tally_renew
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ..semaphore_scripts import REDLOCK_PERMITS
 from .drive import drive
@@ -50,6 +50,8 @@ GUARANTEES = Guarantees(
     semaphores=REDLOCK_PERMITS,  # issue 18: the reason is in ..semaphore_scripts
 )
 MAX_TRACKED = 100_000
+YIELDS_KEPT = 1024
+"""Pending releaser's pauses kept per driver before the finished ones are forgotten."""
 
 Epochs = tuple[int | None, ...]
 """Each master's restart count (:attr:`..config.NodeState.epoch`) when a lease was granted; None: not reached."""
@@ -69,6 +71,9 @@ class RedlockDriver:
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
         self._pid = os.getpid()
         """The process the hubs belong to (see Hub.own_process)."""
+        self._yields: dict[str, float] = {}
+        """Per lock this client released while another client waited for it: until when (on ``clock``) its next
+        acquire lets the waiter have it (flow.YIELD_ROUNDS)."""
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> RedlockDriver:
@@ -118,9 +123,11 @@ class RedlockDriver:
         return results
 
     def _flow(
-        self, keys: LockKeys, token: str, ttl: float, deadline: float | None
+        self, keys: LockKeys, token: str, ttl: float, deadline: float | None, pause: float
     ) -> Flow[tuple[Grant, Epochs] | None]:
-        return redlock_acquire_flow(keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay)
+        return redlock_acquire_flow(
+            keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay, pause
+        )
 
     def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
         if result is None:
@@ -140,6 +147,11 @@ class RedlockDriver:
             return None
         keys = self._keys(name)
         channel = keys.channel
+        pause = 0.0
+        if self._yields:
+            until = self._yields.pop(name, None)
+            if until is not None:
+                pause = until - self.clock()
         pid = os.getpid()
         if pid != self._pid:  # forked since the hubs last looked (one check here, not one per master)
             for hub in self._hubs:
@@ -158,7 +170,7 @@ class RedlockDriver:
 
         def attempt() -> Grant | None:
             try:
-                return self._granted(token, drive(self._flow(keys, token, ttl, deadline), perform))
+                return self._granted(token, drive(self._flow(keys, token, ttl, deadline, pause), perform))
             finally:
                 watcher.close()
 
@@ -199,10 +211,15 @@ class RedlockDriver:
         return BackendUnavailable(f"redlock {what}: reached {reached} of {len(results)} masters, needs {self.need}")
 
     def release(self, name: str, token: str) -> bool:
-        results = self._fan_out([self._release_call(name, token)], True)
+        call = self._release_call(name, token)
+        sent_at = self.clock()
+        results = self._fan_out([call], True)
         self._epochs.pop(token, None)
         ok, reached = count_ok(results)
         if ok >= self.need:
+            channel = call.args[1]
+            if others_woken(results, lambda i: self._hubs[i].snapshot(channel) is not None):
+                self._yield(name, sent_at)
             return True
         # A master whose release was retried after the connection broke under it may have run the first
         # attempt (only its reply lost): its "not ours" then means "already released by us". If those could
@@ -217,6 +234,16 @@ class RedlockDriver:
         if reached < self.need:
             raise self._unreachable(results, 0, "release")
         return False
+
+    def _yield(self, name: str, sent_at: float) -> None:
+        """Someone else waits for ``name``, which this client just released: its next acquire waits a little."""
+        now = self.clock()
+        pause = min(self.options.retry_delay, max(YIELD_MIN, YIELD_ROUNDS * (now - sent_at)))
+        if len(self._yields) >= YIELDS_KEPT:  # most are over (a pause is at most retry_delay): forget those
+            self._yields = {n: until for n, until in self._yields.items() if until > now}
+            if len(self._yields) >= YIELDS_KEPT:
+                self._yields.clear()  # a forgotten pause only lets this client go first once
+        self._yields[name] = now + pause
 
     def force_release(self, name: str) -> bool:
         results = self._fan_out([self._release_call(name, None)], True)

@@ -18,7 +18,11 @@ sentinels name, with three additions; the URL, guarantees and the failover story
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
 * **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
-  with the sentinels' config-epoch of the master that granted them.
+  with the sentinels' config-epoch of the master that granted them;
+* **semaphores and reader-writer locks** (:class:`SentinelPermits`): the scripts of ``redis://`` on the
+  current master, following it as every call does, their fences lifted by the epoch of the master whose reply
+  carried them (a grant told by a release's message: of the master followed when the acquire began, if it is
+  still the one followed, as for locks).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any, ClassVar
 from redis.exceptions import AuthenticationError, BusyLoadingError, ReadOnlyError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
+from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, PermitMode, RenewRequest
 from ....errors import BackendUnavailable
 from ....lease import token_hint
 from ....urls import BackendURL
@@ -47,10 +51,11 @@ from ..semaphore_scripts import SENTINEL_PERMITS
 from ..sentinel_config import SentinelTarget, sentinel_target
 from .node import SyncNode
 from .primitives import pause
+from .semaphore import RedisPermits
 from .sentinels import SyncSentinels
 from .single import RedisDriver
 
-__all__ = ["GUARANTEES", "SentinelDriver"]
+__all__ = ["GUARANTEES", "SentinelDriver", "SentinelPermits"]
 
 log = logging.getLogger("lockkit")
 
@@ -69,7 +74,7 @@ GUARANTEES = Guarantees(
     "grant that had not reached the promoted replica is lost and a second client can take the lock "
     "(min_replicas=N narrows this to grants no replica acknowledged). Fencing tokens carry the sentinels' "
     "config-epoch (epoch << 48 | counter), so they stay increasing across failovers.",
-    semaphores=SENTINEL_PERMITS,  # issue 18: the reason is in ..semaphore_scripts
+    semaphores=SENTINEL_PERMITS,  # issue 18: SentinelPermits
 )
 
 
@@ -279,6 +284,10 @@ class SentinelDriver(RedisDriver):
         lifted = composite_token(epoch, int(fence)) if fence else None
         return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
 
+    def permits(self, events: object = None) -> Any:
+        """Semaphores and reader-writer locks on the current master (issue 18)."""
+        return SentinelPermits(self)
+
     def close(self) -> None:
         self._background.close([self._hub, self._switch_hub])
         self._node.close()
@@ -288,3 +297,52 @@ class SentinelDriver(RedisDriver):
 
     def __repr__(self) -> str:
         return f"SentinelDriver({self.target.service!r} via {self.target.tried})"
+
+
+class SentinelPermits(RedisPermits):
+    """The permits of :class:`RedisPermits` on the master the sentinels name.
+
+    Every call runs through :meth:`SentinelDriver._run_on`, which follows a failover and names the config
+    epoch of the master that answered: a fence is lifted by that epoch, so a promoted replica that missed the
+    last grants (its counter behind) still hands out tokens above them. A grant told by a release's message is
+    lifted by the epoch of the master followed when the acquire began if the driver still follows that one (the
+    pub/sub hub is retargeted only when the driver follows a new master, so the message came from it, as the
+    lock's acquire reasons); else it is confirmed by one more attempt on the master of now, whose reply names
+    the epoch. A permit the promoted master never received is not found by that attempt, nor by the next
+    renewal, which reports the loss.
+    """
+
+    def __init__(self, driver: SentinelDriver) -> None:
+        super().__init__(driver)
+        self._sentinel = driver
+
+    def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+        return self._sentinel._run_on(calls)
+
+    def _mark(self) -> tuple[int, int]:
+        self._sentinel._located()
+        return self._sentinel._generation, self._sentinel._epoch
+
+    def _by_message(self, mark: Any, fence: int) -> int | None:
+        generation, epoch = mark
+        if self._sentinel._generation != generation:
+            return None  # the master changed while we waited: the message's master (and epoch) is unknown
+        return self._lift(epoch, fence)
+
+    def acquire_permit(
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        deadline: float | None,
+        limit: int,
+        mode: PermitMode,
+        cancel: Cancel | None = None,
+    ) -> Grant | None:
+        clock = self._sentinel.clock
+        until = None if deadline is None else time.monotonic() + max(0.0, deadline - clock())
+        reset = _CALLER_GIVES_UP.set(until)  # following a failover never keeps the acquire past its deadline
+        try:
+            return super().acquire_permit(name, token, ttl, deadline, limit, mode, cancel)
+        finally:
+            _CALLER_GIVES_UP.reset(reset)

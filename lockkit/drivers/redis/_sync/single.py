@@ -51,6 +51,9 @@ GUARANTEES = Guarantees(
 
 class RedisDriver:
     guarantees: ClassVar[Guarantees] = GUARANTEES
+    finish_inline: ClassVar[bool] = True
+    """Its calls (and those of the Sentinel and cluster drivers built on it) never cancel the task they run in,
+    so an asyncio release or renew runs in the caller's task (``lockkit._async.cancel_safe``; issue 17)."""
 
     def __init__(self, spec: NodeSpec, options: RedisOptions, ctx: DriverContext) -> None:
         self.spec, self.options, self.clock = spec, options, ctx.clock
