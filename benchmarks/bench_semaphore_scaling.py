@@ -81,6 +81,7 @@ def measure(url: str, limit: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def plot(results: dict[str, list[dict[str, Any]]], path: str, args: argparse.Namespace) -> None:
     import matplotlib  # type: ignore[import-not-found,unused-ignore]
+    import matplotlib.ticker  # type: ignore[import-not-found,unused-ignore]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
@@ -92,6 +93,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: str, args: argparse.Nam
         ax.plot([p["limit"] for p in points], [p["acquisitions_per_s"] for p in points], marker="o", label=kind)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xticks(limits, [str(n) for n in limits])
     ax.set_xlabel(f"semaphore limit ({args.procs} processes, {args.hold * 1e3:g} ms sleeping hold)")
     ax.set_ylabel("acquisitions / s (log)")

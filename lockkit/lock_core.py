@@ -91,6 +91,9 @@ class LockCore:
         self.on_lost = on_lost
         self.lease: Lease | None = None
         self.mutex = threading.Lock()
+        self.kind = "lock"
+        """What the handle holds, for its messages: ``lock``, or (set by the permit handles) ``semaphore``,
+        ``rwlock read side``, ``rwlock write side``."""
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -103,8 +106,8 @@ class LockCore:
         with self.mutex:
             if self.lease is not None and self.lease.valid:
                 raise LockError(
-                    f"this Lock object already holds {self.name!r}; release it first "
-                    "(use one Lock object per holder: locks are not reentrant)"
+                    f"this {self.kind} handle already holds {self.name!r}; release it first "
+                    f"(use one handle per holder: a {self.kind} handle is not reentrant)"
                 )
         return new_token(), deadline_after(self.clock, wait)
 
@@ -132,7 +135,7 @@ class LockCore:
         self.backend.stats.count("timeouts")
         wait = self.timeout if timeout is USE_LOCK_TIMEOUT else timeout
         return LockTimeout(
-            f"lock {self.name!r} on backend {self.backend.name!r} was not free within {wait} s; "
+            f"{self.kind} {self.name!r} on backend {self.backend.name!r} was not free within {wait} s; "
             "retry later, or pass a larger timeout"
         )
 
@@ -141,7 +144,7 @@ class LockCore:
         with self.mutex:
             lease = self.lease
         if lease is None:
-            raise LockNotOwned(f"cannot {action} {self.name!r}: this Lock object does not hold it")
+            raise LockNotOwned(f"cannot {action} {self.name!r}: this {self.kind} handle does not hold it")
         if lease.owner_pid != os.getpid():
             raise LockNotOwned(
                 f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "

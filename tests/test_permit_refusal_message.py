@@ -22,3 +22,22 @@ def test_the_refusal_lists_exactly_the_offering_schemes() -> None:
         assert (f"{scheme}://" in offering) is offers, scheme
     assert f"({', '.join(offering)};" in message
     assert "'orders'" in message and "(never: " in message
+
+
+def test_permit_handles_say_what_they_hold() -> None:
+    """A semaphore's or rwlock side's errors name it as such, not as a lock."""
+    with lockkit.connect("memory://permit-messages") as locks:
+        permit = locks.semaphore("exports", limit=1, ttl=5)
+        permit.acquire()
+        with pytest.raises(lockkit.LockTimeout, match=r"^semaphore 'exports' .* not free within 0.05 s"):
+            locks.semaphore("exports", limit=1, ttl=5).acquire(timeout=0.05)
+        with pytest.raises(lockkit.LockError, match="this semaphore handle already holds 'exports'"):
+            permit.acquire()
+        permit.release()
+        with pytest.raises(lockkit.LockNotOwned, match="this semaphore handle does not hold it"):
+            permit.release()
+        rw = locks.rwlock("prices", ttl=5)
+        with rw.write(), pytest.raises(lockkit.LockTimeout, match=r"^rwlock read side 'prices' "):
+            rw.read().acquire(timeout=0.05)
+        with pytest.raises(lockkit.LockNotOwned, match="this lock handle does not hold it"):
+            locks.lock("plain").release()

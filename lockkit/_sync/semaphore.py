@@ -30,6 +30,7 @@ class Permit(Lock):
         self._permits = permits
         self._limit = limit
         self._mode = mode
+        core.kind = {"permit": "semaphore", "read": "rwlock read side", "write": "rwlock write side"}[mode]
 
     @property
     def mode(self) -> PermitMode:
