@@ -325,7 +325,9 @@ class PermitInfo:
     """A writer holds it (reader-writer locks)."""
     waiting_writers: int
     fencing_token: int | None
-    """The last fencing token handed out for the name."""
+    """The last fencing token handed out for the name where the backend keeps a counter (memory, file, the
+    Redis schemes, postgresql); on etcd:// and zookeeper://, whose tokens are the holders' own revisions,
+    the newest current holder's (``None`` when nobody holds)."""
     waiters: int | None = None
     """Waiters of every kind, where the backend can count them."""
 
