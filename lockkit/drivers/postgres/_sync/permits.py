@@ -12,10 +12,12 @@ layout is in :mod:`..permit_sql` and docs/semaphores.md ("postgresql://"); in sh
   once) and looks at every slot again within :data:`SLOT_RECHECK` (a release of another slot).
 * Every holder and waiter holds ``presence`` shared, so the name's row (its limit) is trusted exactly while
   somebody is present: the join resets it when nobody is, and refuses a limit that disagrees otherwise.
-* ttl is enforced by the server: a permit session's ``idle_session_timeout`` is the longest ttl of its
-  permits, and every renewal is a statement on it, so a holder paused (or not renewing) for its ttl has its
-  session ended by the server, which frees its permits. The driver keeps permit sessions apart from lock
-  sessions (this object has its own pool), so that setting never reaches a lock.
+* ttl is enforced by the server for a stopped process: a permit session's ``idle_session_timeout`` is the
+  longest ttl of its permits, and every renewal is a statement on it, so a holder paused for its ttl has its
+  session ended by the server, which frees its permits. (One handle that alone stops renewing, on a session
+  renewed for other names' permits, keeps its permit until released: the session is the lifetime.)
+  The driver keeps permit sessions apart from lock sessions (this object has its own pool), so that setting
+  never reaches a lock.
 * A session holds at most one permit of a name (advisory locks are re-entrant per session: a second reader on
   one session would pass a waiting writer).
 """
@@ -209,7 +211,7 @@ class PostgresPermits(PostgresDriver):
             except _Retry:
                 continue
             if row[1] is not None:
-                return self._hold_permit(token, name, keys, mode, row, s, ttl, sent_at)
+                return self._hold_permit(token, name, keys, mode, row, s, ttl, sent_at, joined=True)
             self._trim(s)
             break
         else:
@@ -247,7 +249,7 @@ class PostgresPermits(PostgresDriver):
             if row[1] is not None:
                 with self._state:
                     s.waiting = False
-                return self._hold_permit(token, name, keys, mode, row, s, ttl, sent_at)
+                return self._hold_permit(token, name, keys, mode, row, s, ttl, sent_at, joined=True)
             slot = row[0]
             now = self._clock()
             if self._over(deadline, cancel):
@@ -290,6 +292,7 @@ class PostgresPermits(PostgresDriver):
         with self._state:
             self._pending.setdefault(s, []).append(ttl)
         params = {**keys.params, "join": join, "leave": leave, "idle": self._idle(s), "idle_now": idle_now}
+        granted = False
         try:
             row = None
             if keys.params["name"] in self._known:
@@ -298,17 +301,16 @@ class PostgresPermits(PostgresDriver):
             if row is None or not row[1]:  # a name new to us, or another limit: the full join
                 cur = self._exec_many(s, self._psql.join(mode), params)
                 row = cur.fetchone()
+            granted = row is not None and bool(row[1]) and row[2] is not None
         except psycopg.Error as exc:
             self._failed(s, keys, exc)
         except BaseException:
             self._background.clean_up(self._undo_and_trim, s, keys)  # cancelled: a grant may have come
             raise
         finally:
-            with self._state:  # the caller registers a granted lease before anything else can run here
-                pending = self._pending.get(s, [])
-                pending.remove(ttl)
-                if not pending:
-                    self._pending.pop(s, None)
+            if not granted:  # a grant's ttl stays pending until _hold_permit registers its lease, under one
+                with self._state:  # hold of _state: another thread's _idle never misses it (sync face)
+                    self._drop_pending(s, ttl)
         assert row is not None
         lim, ok, slot, fence, wait_slot = row[:5]
         if not ok:  # nothing was taken, except the presence of a waiter looking again (join=False): undo both
@@ -339,7 +341,9 @@ class PostgresPermits(PostgresDriver):
         try:
             self._exec(s, self._psql.undo, keys.undo_params(self._idle(s)))
         except psycopg.Error as exc:
-            self._bury(s, f"the PostgreSQL session failed while undoing a grant: {_first_line(exc)}")
+            self._bury(
+                s, f"the PostgreSQL session failed while undoing a grant: {self._redacted(_first_line(exc))}"
+            )
         finally:
             self._unclaim(s, keys.claim)
 
@@ -357,6 +361,7 @@ class PostgresPermits(PostgresDriver):
         s: _Session,
         ttl: float,
         sent_at: float,
+        joined: bool = False,
     ) -> Grant:
         slot, fence = row
         assert fence is not None
@@ -364,7 +369,16 @@ class PostgresPermits(PostgresDriver):
         held = _Permit(name, keys.claim, fence, s, mode, ttl, keys.held_key(mode, slot), presence)
         with self._state:
             self._leases[token] = held
+            if joined:
+                self._drop_pending(s, ttl)
         return Grant(fence, ttl, sent_at)
+
+    def _drop_pending(self, s: _Session, ttl: float) -> None:
+        """Forget one join's ttl on ``s`` (the caller holds ``_state``)."""
+        pending = self._pending.get(s, [])
+        pending.remove(ttl)
+        if not pending:
+            self._pending.pop(s, None)
 
     # -- renew and release ---------------------------------------------------------------------
 

@@ -238,7 +238,8 @@ class AsyncRedlockDriver:
         now = self.clock()
         pause = min(self.options.retry_delay, max(YIELD_MIN, YIELD_ROUNDS * (now - sent_at)))
         if len(self._yields) >= YIELDS_KEPT:  # most are over (a pause is at most retry_delay): forget those
-            self._yields = {n: until for n, until in self._yields.items() if until > now}
+            # list() copies in one C call: the blocking face's other threads pop from this dict meanwhile
+            self._yields = {n: until for n, until in list(self._yields.items()) if until > now}
             if len(self._yields) >= YIELDS_KEPT:
                 self._yields.clear()  # a forgotten pause only lets this client go first once
         self._yields[name] = now + pause
