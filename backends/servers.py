@@ -1661,6 +1661,37 @@ class RedisCluster(ServerGroup[RedisClusterNode]):
                         return node
         raise ServerError(f"redis cluster: no node serves slot {slot}")
 
+    # -- a slot migration by hand, step by step (tests check a lock or semaphore in every phase) --
+
+    def start_migration(self, slot: int, source: RedisClusterNode, target: RedisClusterNode) -> None:
+        """``SETSLOT … IMPORTING`` on ``target``, then ``MIGRATING`` on ``source``."""
+        ids = {node.port: node.node_id() for node in self.members}
+        target.ask("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
+        source.ask("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
+
+    @staticmethod
+    def move_slot_keys(slot: int, source: RedisClusterNode, target: RedisClusterNode) -> list[bytes]:
+        """``MIGRATE`` every key of ``slot`` (up to 1000) from ``source`` to ``target``; the keys moved. (Listed by
+        ``GETKEYSINSLOT``: an ``EXISTS`` of a missing key of a migrating slot would answer ASK.)"""
+        keys: list[bytes] = source.ask("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        if keys:
+            source.ask("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+        return keys
+
+    def finish_migration(self, slot: int, target: RedisClusterNode) -> None:
+        """``SETSLOT … NODE target`` on the target first, then on every other node."""
+        target_id = target.node_id()
+        target.ask("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for node in self.members:
+            if node is not target:
+                node.ask("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    def replica_of(self, master: RedisClusterNode) -> RedisClusterNode:
+        """The (one) replica of ``master``."""
+        (line,) = master.ask("CLUSTER", "REPLICAS", master.node_id())
+        port = int(line.split()[1].split("@")[0].rpartition(":")[2])
+        return next(m for m in self.members if m.port == port)
+
     @property
     def url(self) -> str:
         """``redis+cluster://h1:p1,h2:p2,h3:p3``: the masters as started (any node would do as a seed)."""

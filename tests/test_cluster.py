@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 
 import lockkit
 from backends.pytest_fixtures import RedisClusterFactory
-from backends.servers import RedisCluster, RedisClusterNode, RedisServer, free_port
+from backends.servers import RedisCluster, RedisServer, free_port
 from lockkit.drivers.epoch import EPOCH_SHIFT
 from lockkit.drivers.redis.cluster_config import cluster_target, key_slot, parse_nodes, redirect
 from lockkit.drivers.redis.keys import cluster_lock_keys
@@ -137,29 +137,6 @@ def test_async_face_routes_and_wakes(redis_cluster: RedisCluster) -> None:
 # -- R-7: a held lock's slot migrated to another master -----------------------------------------------------
 
 
-def _ids(cluster: RedisCluster) -> dict[int, str]:
-    return {node.port: node.node_id() for node in cluster.members}
-
-
-def _start_migration(cluster: RedisCluster, slot: int, source: RedisClusterNode, target: RedisClusterNode) -> None:
-    ids = _ids(cluster)
-    target.ask("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
-    source.ask("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
-
-
-def _move_keys(source: RedisClusterNode, target: RedisClusterNode, keys: list[bytes]) -> None:
-    present = [k for k in keys if source.ask("EXISTS", k)]
-    source.ask("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *present)
-
-
-def _finish_migration(cluster: RedisCluster, slot: int, target: RedisClusterNode) -> None:
-    target_id = target.node_id()
-    target.ask("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    for node in cluster.members:
-        if node is not target:
-            node.ask("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-
-
 @pytest.mark.slow
 def test_R7_slot_migration_keeps_a_held_lock_exclusive_and_renewable_and_wakes_the_waiter(
     fresh_redis_cluster: RedisClusterFactory,
@@ -192,9 +169,10 @@ def test_R7_slot_migration_keeps_a_held_lock_exclusive_and_renewable_and_wakes_t
             time.sleep(0.02)
         assert holder_side.holder(n).waiters == 1
 
-        _start_migration(cluster, slot, source, target)
+        cluster.start_migration(slot, source, target)
         lock.renew()  # MIGRATING, keys still on the source: served there
-        _move_keys(source, target, [keys.lock, keys.fence, keys.queue, keys.alive])
+        moved = cluster.move_slot_keys(slot, source, target)
+        assert moved, "the slot's keys were on the source"
         assert source.ask("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
         assert target.ask("CLUSTER", "COUNTKEYSINSLOT", slot) >= 3  # lock, fence and the waiter's queue
         lock.renew()  # the source answers ASK: renewed on the target after ASKING
@@ -205,7 +183,7 @@ def test_R7_slot_migration_keeps_a_held_lock_exclusive_and_renewable_and_wakes_t
         attempt.start()
         time.sleep(0.3)
         assert not tried
-        _finish_migration(cluster, slot, target)
+        cluster.finish_migration(slot, target)
         attempt.join(10)
         assert tried == [None]
         lock.renew()  # MOVED: the map is refreshed, renewed on the new master
@@ -255,12 +233,6 @@ def test_R8_master_killed_replica_promoted_lock_followed_or_loss_reported(
         assert after.fencing_token >> EPOCH_SHIFT > held.fencing_token >> EPOCH_SHIFT
 
 
-def _replica_of(cluster: RedisCluster, master: RedisClusterNode) -> RedisClusterNode:
-    (line,) = master.ask("CLUSTER", "REPLICAS", master.node_id())
-    port = int(line.split()[1].split("@")[0].rpartition(":")[2])
-    return next(m for m in cluster.members if m.port == port)
-
-
 @pytest.mark.slow
 def test_R8_grant_the_replica_never_received_is_reported_lost(fresh_redis_cluster: RedisClusterFactory) -> None:
     """The replica is SIGSTOPped and its replication link cut on the master's side (what the kernel had already
@@ -270,7 +242,7 @@ def test_R8_grant_the_replica_never_received_is_reported_lost(fresh_redis_cluste
     n = name()
     slot = key_slot(cluster_lock_keys("lockkit:", n).lock)
     master = cluster.node_for_slot(slot)
-    replica = _replica_of(cluster, master)
+    replica = cluster.replica_of(master)
     with lockkit.connect(cluster.url + "?failover_wait=20") as locks:
         lock = locks.lock(n, ttl=30, auto_renew=False)
         replica.pause()
@@ -333,10 +305,11 @@ def test_R7_async_face_follows_a_slot_migration(fresh_redis_cluster: RedisCluste
     target = next(m for m in cluster.members if m is not source)
 
     def move() -> None:
-        _start_migration(cluster, slot, source, target)
-        _move_keys(source, target, [keys.lock, keys.fence, keys.queue, keys.alive])
+        cluster.start_migration(slot, source, target)
+        moved = cluster.move_slot_keys(slot, source, target)
+        assert moved, "the slot's keys were on the source"
         time.sleep(0.5)  # renewals run in the ASK phase (ttl 1.5 s: one every 0.5 s)
-        _finish_migration(cluster, slot, target)
+        cluster.finish_migration(slot, target)
 
     async def main() -> None:
         async with lockkit.connect_async(cluster.url) as a, lockkit.connect_async(cluster.url) as b:

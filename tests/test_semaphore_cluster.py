@@ -17,7 +17,7 @@ import pytest
 
 import lockkit
 from backends.pytest_fixtures import RedisClusterFactory
-from backends.servers import RedisCluster, RedisClusterNode
+from backends.servers import RedisCluster
 from lockkit.drivers.epoch import EPOCH_SHIFT
 from lockkit.drivers.redis.cluster_config import key_slot
 from lockkit.drivers.redis.semaphore_scripts import cluster_permit_keys
@@ -88,31 +88,6 @@ def test_async_face_routes_and_a_release_hands_the_permit_on(redis_cluster: Redi
 # -- S-22: a semaphore's slot migrated to another master --------------------------------------------------
 
 
-def _ids(cluster: RedisCluster) -> dict[int, str]:
-    return {node.port: node.node_id() for node in cluster.members}
-
-
-def _start_migration(cluster: RedisCluster, slot: int, source: RedisClusterNode, target: RedisClusterNode) -> None:
-    ids = _ids(cluster)
-    target.ask("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
-    source.ask("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
-
-
-def _move_keys(source: RedisClusterNode, target: RedisClusterNode, slot: int) -> None:
-    """Every key of the slot (EXISTS of a missing key of a migrating slot would answer ASK)."""
-    present = source.ask("CLUSTER", "GETKEYSINSLOT", slot, 100)
-    assert present
-    source.ask("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *present)
-
-
-def _finish_migration(cluster: RedisCluster, slot: int, target: RedisClusterNode) -> None:
-    target_id = target.node_id()
-    target.ask("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    for node in cluster.members:
-        if node is not target:
-            node.ask("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-
-
 @pytest.mark.slow
 def test_S22_slot_migration_keeps_permits_renewable_the_limit_kept_and_wakes_the_waiter(
     fresh_redis_cluster: RedisClusterFactory,
@@ -144,9 +119,10 @@ def test_S22_slot_migration_keeps_permits_renewable_the_limit_kept_and_wakes_the
             time.sleep(0.02)
         assert holder_side.permit_holders(n).waiters == 1
 
-        _start_migration(cluster, slot, source, target)
+        cluster.start_migration(slot, source, target)
         permits[0].renew()  # MIGRATING, keys still on the source: served there
-        _move_keys(source, target, slot)
+        moved = cluster.move_slot_keys(slot, source, target)
+        assert moved, "the slot's keys were on the source"
         assert source.ask("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
         assert target.ask("CLUSTER", "COUNTKEYSINSLOT", slot) >= 3  # holders, meta, queue (and more)
         # A third client's attempt in the middle of the move waits for it to end (an acquire does not follow ASK),
@@ -156,7 +132,7 @@ def test_S22_slot_migration_keeps_permits_renewable_the_limit_kept_and_wakes_the
         attempt.start()
         time.sleep(0.3)
         assert not tried
-        _finish_migration(cluster, slot, target)
+        cluster.finish_migration(slot, target)
         attempt.join(10)
         assert tried == [None]
         for p in permits:
@@ -186,10 +162,11 @@ def test_S22_async_face_follows_a_slot_migration(fresh_redis_cluster: RedisClust
     target = next(m for m in cluster.members if m is not source)
 
     def move() -> None:
-        _start_migration(cluster, slot, source, target)
-        _move_keys(source, target, slot)
+        cluster.start_migration(slot, source, target)
+        moved = cluster.move_slot_keys(slot, source, target)
+        assert moved, "the slot's keys were on the source"
         time.sleep(0.5)  # renewals run in the ASK phase (ttl 1.5 s: one every 0.5 s)
-        _finish_migration(cluster, slot, target)
+        cluster.finish_migration(slot, target)
 
     async def main() -> None:
         async with lockkit.connect_async(cluster.url) as a, lockkit.connect_async(cluster.url) as b:
@@ -213,12 +190,6 @@ def test_S22_async_face_follows_a_slot_migration(fresh_redis_cluster: RedisClust
 
 
 # -- S-23: the master of a semaphore's slot SIGKILLed -------------------------------------------------------
-
-
-def _replica_of(cluster: RedisCluster, master: RedisClusterNode) -> RedisClusterNode:
-    (line,) = master.ask("CLUSTER", "REPLICAS", master.node_id())
-    port = int(line.split()[1].split("@")[0].rpartition(":")[2])
-    return next(m for m in cluster.members if m.port == port)
 
 
 @pytest.mark.slow
@@ -275,7 +246,7 @@ def test_S23_permit_the_replica_never_received_is_reported_lost(fresh_redis_clus
     n = name()
     slot = _slot(n)
     master = cluster.node_for_slot(slot)
-    replica = _replica_of(cluster, master)
+    replica = cluster.replica_of(master)
     with lockkit.connect(cluster.url + "?failover_wait=20") as locks:
         semaphore = locks.semaphore(n, limit=1, ttl=30, auto_renew=False)
         replica.pause()

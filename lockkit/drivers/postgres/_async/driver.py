@@ -22,7 +22,7 @@ This file is the source of both faces: ``scripts/unasync.py`` generates ``../_sy
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -427,17 +427,31 @@ class AsyncPostgresDriver:
 
     async def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         """One heartbeat per session, whatever the number of its locks: a live session still holds them all."""
-        results: list[Grant | Exception | None] = [None] * len(requests)
         batches: dict[_Session, list[int]] = {}
         with self._state:
             for i, request in enumerate(requests):
                 held = self._leases.get(request.token)
                 if held is not None and held.name == request.name and not held.session.dead:
                     batches.setdefault(held.session, []).append(i)
+        return await self._beat(requests, batches, lambda s: (self._sql.heartbeat, None), "locks")
+
+    async def _beat(
+        self,
+        requests: Sequence[RenewRequest],
+        batches: dict[_Session, list[int]],
+        statement: Callable[[_Session], tuple[str, Any]],
+        what: str,
+    ) -> list[Grant | Exception | None]:
+        """One heartbeat ``statement(s)`` per session of ``batches`` (session -> indexes into ``requests``), for
+        locks and permits alike. A request's result: a Grant counted from the heartbeat's send if its session
+        answered as itself; the error if the statement failed on a live session; None (lost) if the session
+        ended, answered as another backend, or was not in ``batches``."""
+        results: list[Grant | Exception | None] = [None] * len(requests)
         for s, indexes in batches.items():
             sent_at = self._clock()
             try:
-                cur = await self._exec(s, self._sql.heartbeat)
+                sql, params = statement(s)
+                cur = await self._exec(s, sql, params)
                 row = await cur.fetchone()
             except psycopg.Error as exc:
                 if s.conn.broken or s.conn.closed:
@@ -448,7 +462,7 @@ class AsyncPostgresDriver:
                     results[i] = error
                 continue
             if row is None or row[0] != s.pid:
-                await self._bury(s, "the PostgreSQL session answering is not the one that holds the locks")
+                await self._bury(s, f"the PostgreSQL session answering is not the one that holds the {what}")
                 continue
             with self._state:
                 for i in indexes:

@@ -383,7 +383,6 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
     async def renew_permits(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         """One statement per session, whatever the number of its permits: the heartbeat, which also sets the
         session's idle timeout to its permits' longest ttl (the server ends it if no renewal comes in time)."""
-        results: list[Grant | Exception | None] = [None] * len(requests)
         batches: dict[_Session, list[int]] = {}
         with self._state:
             for i, request in enumerate(requests):
@@ -391,27 +390,7 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
                 if isinstance(held, _Permit) and held.name == request.name and not held.session.dead:
                     held.ttl = request.ttl  # the session's idle timeout follows (set by this heartbeat)
                     batches.setdefault(held.session, []).append(i)
-        for s, indexes in batches.items():
-            sent_at = self._clock()
-            try:
-                cur = await self._exec(s, self._psql.heartbeat, (self._idle(s),))
-                row = await cur.fetchone()
-            except psycopg.Error as exc:
-                if s.conn.broken or s.conn.closed:
-                    await self._bury(s, f"the PostgreSQL session ended: {self._redacted(_first_line(exc))}")
-                    continue  # its leases stay None: lost
-                error = self._translate(exc, "renew")
-                for i in indexes:
-                    results[i] = error
-                continue
-            if row is None or row[0] != s.pid:
-                await self._bury(s, "the PostgreSQL session answering is not the one that holds the permits")
-                continue
-            with self._state:
-                for i in indexes:
-                    held = self._leases.get(requests[i].token)
-                    results[i] = None if held is None else Grant(held.fence, requests[i].ttl, sent_at)
-        return results
+        return await self._beat(requests, batches, lambda s: (self._psql.heartbeat, (self._idle(s),)), "permits")
 
     async def release_permit(self, name: str, token: str) -> bool:
         with self._state:

@@ -24,7 +24,7 @@ This file is the source of both faces: ``scripts/unasync.py`` generates ``../_sy
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -429,17 +429,31 @@ class PostgresDriver:
 
     def renew_many(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         """One heartbeat per session, whatever the number of its locks: a live session still holds them all."""
-        results: list[Grant | Exception | None] = [None] * len(requests)
         batches: dict[_Session, list[int]] = {}
         with self._state:
             for i, request in enumerate(requests):
                 held = self._leases.get(request.token)
                 if held is not None and held.name == request.name and not held.session.dead:
                     batches.setdefault(held.session, []).append(i)
+        return self._beat(requests, batches, lambda s: (self._sql.heartbeat, None), "locks")
+
+    def _beat(
+        self,
+        requests: Sequence[RenewRequest],
+        batches: dict[_Session, list[int]],
+        statement: Callable[[_Session], tuple[str, Any]],
+        what: str,
+    ) -> list[Grant | Exception | None]:
+        """One heartbeat ``statement(s)`` per session of ``batches`` (session -> indexes into ``requests``), for
+        locks and permits alike. A request's result: a Grant counted from the heartbeat's send if its session
+        answered as itself; the error if the statement failed on a live session; None (lost) if the session
+        ended, answered as another backend, or was not in ``batches``."""
+        results: list[Grant | Exception | None] = [None] * len(requests)
         for s, indexes in batches.items():
             sent_at = self._clock()
             try:
-                cur = self._exec(s, self._sql.heartbeat)
+                sql, params = statement(s)
+                cur = self._exec(s, sql, params)
                 row = cur.fetchone()
             except psycopg.Error as exc:
                 if s.conn.broken or s.conn.closed:
@@ -450,7 +464,7 @@ class PostgresDriver:
                     results[i] = error
                 continue
             if row is None or row[0] != s.pid:
-                self._bury(s, "the PostgreSQL session answering is not the one that holds the locks")
+                self._bury(s, f"the PostgreSQL session answering is not the one that holds the {what}")
                 continue
             with self._state:
                 for i in indexes:
