@@ -69,11 +69,14 @@ class Backend(Generic[D]):
 
     # -- lease registry ------------------------------------------------------------------
 
-    def track(self, lease: Lease) -> None:
+    def track(self, lease: Lease, loss_counted: bool = False) -> None:
         # Losses are counted here, where every lease passes, by the lease itself as it becomes LOST: once,
         # whichever path gets there (a renewal refused or too late, the deadline, a session event, a release
         # that finds the token gone, the locker closing). Counted by each path instead, the last two went uncounted.
-        lease.add_lost_callback(self.stats.count_loss)
+        # ``loss_counted``: the lease was made with ``stats.count_loss`` among its callbacks already (the front
+        # end does so: adding it here took the lease's mutex once more per acquire; issue 17).
+        if not loss_counted:
+            lease.add_lost_callback(self.stats.count_loss)
         with self._mutex:
             self._leases[lease.token] = weakref.ref(lease)
             if len(self._leases) >= self._prune_at:
@@ -85,6 +88,11 @@ class Backend(Generic[D]):
                 lease.mark_uncertain(early[1])
         if early is not None and early[0]:
             lease.mark_lost(early[1])
+
+    def untrack(self, lease: Lease) -> None:
+        """Drop a lease from the registry, nothing more (the front end records its end itself: LockCore.finish)."""
+        with self._mutex:
+            self._leases.pop(lease.token, None)
 
     def forget(self, lease: Lease) -> None:
         """Drop a lease that was released (or whose release failed), and note how close it came to running out."""

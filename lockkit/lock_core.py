@@ -10,7 +10,6 @@ renewal scheduler.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -19,9 +18,9 @@ from typing import Any
 from .configured_backend import Backend
 from .driver import Grant
 from .errors import ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
-from .lease import Lease, LostCallback, RenewalTicket, token_hint
+from .lease import Lease, LostCallback, RenewalTicket, process_id, token_hint
 from .names import validate_name
-from .timing import deadline_after, validate_timeout, validate_ttl
+from .timing import validate_timeout, validate_ttl
 
 __all__ = ["DEFAULT_TTL", "USE_LOCK_TIMEOUT", "LockCore", "new_token"]
 
@@ -40,16 +39,19 @@ class _TokenSource:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._pool = b""
+        self._pool = ""  # the draw in hex: a token is a slice of it, no copy of the rest and no hex() per token
+        self._next = 0
         self._pid = 0
 
     def take(self) -> str:
         with self._mutex:
-            if len(self._pool) < 16 or self._pid != os.getpid():
-                self._pool = secrets.token_bytes(4096)
-                self._pid = os.getpid()
-            token, self._pool = self._pool[:16], self._pool[16:]
-        return token.hex()
+            at = self._next
+            if at >= len(self._pool) or self._pid != process_id():
+                self._pool = secrets.token_bytes(4096).hex()
+                self._pid = process_id()
+                at = 0
+            self._next = at + 32
+            return self._pool[at : at + 32]
 
 
 _tokens = _TokenSource()
@@ -67,6 +69,8 @@ USE_LOCK_TIMEOUT: Any = object()
 class LockCore:
     """I/O-free state of one lock handle, shared by the blocking and the async face."""
 
+    __slots__ = ("auto_renew", "backend", "kind", "lease", "max_hold", "mutex", "name", "on_lost", "timeout", "ttl")
+
     def __init__(
         self,
         backend: Backend[Any],
@@ -77,10 +81,12 @@ class LockCore:
         on_lost: LostCallback | None = None,
         max_hold: object = None,
         timeout: object = None,
+        name_checked: bool = False,
     ) -> None:
-        self.name = validate_name(name)
+        # name_checked: the locker validated the name already, to route it (once per handle, not twice)
+        self.name: str = name if name_checked else validate_name(name)  # type: ignore[assignment]
         self.ttl = validate_ttl(ttl)
-        self.timeout = validate_timeout(timeout, "timeout")
+        self.timeout = None if timeout is None else validate_timeout(timeout, "timeout")
         self.max_hold = None if max_hold is None else validate_ttl(max_hold, "max_hold")
         if not isinstance(auto_renew, bool):
             raise ConfigError(f"auto_renew must be True or False, got {auto_renew!r}")
@@ -99,34 +105,43 @@ class LockCore:
     def clock(self) -> Callable[[], float]:
         return self.backend.clock
 
-    def begin(self, timeout: object) -> tuple[str, float | None]:
-        """Check we may acquire; return a fresh token and the absolute deadline."""
-        wait = validate_timeout(self.timeout if timeout is USE_LOCK_TIMEOUT else timeout)
-        self.backend.driver  # raises if the locker is closed  # noqa: B018
-        with self.mutex:
-            if self.lease is not None and self.lease.valid:
-                raise LockError(
-                    f"this {self.kind} handle already holds {self.name!r}; release it first "
-                    f"(use one handle per holder: a {self.kind} handle is not reentrant)"
-                )
-        return new_token(), deadline_after(self.clock, wait)
+    def begin(self, timeout: object) -> tuple[str, float | None, float]:
+        """Check we may acquire; return a fresh token, the absolute deadline and the instant the wait starts."""
+        wait = self.timeout if timeout is USE_LOCK_TIMEOUT else validate_timeout(timeout)
+        backend = self.backend
+        backend.driver  # raises if the locker is closed  # noqa: B018
+        lease = self.lease  # one read: the mutex guards what granted() and finish() change together
+        if lease is not None and lease.valid:
+            raise LockError(
+                f"this {self.kind} handle already holds {self.name!r}; release it first "
+                f"(use one handle per holder: a {self.kind} handle is not reentrant)"
+            )
+        now = backend.clock()  # the deadline and the wait statistic count from one reading
+        return new_token(), None if wait is None else now + wait, now
 
-    def granted(self, token: str, grant: Grant, waited: float) -> Lease:
+    def granted(self, token: str, grant: Grant, started: float) -> Lease:
+        """The lease of ``grant`` (won by an acquire that began at ``started``), registered and counted."""
+        backend = self.backend
+        stats = backend.stats
+        clock = backend.clock
+        # Its backend counts a loss through one of the lease's callbacks (see Backend.track), given here
+        count: LostCallback = stats.count_loss
+        on_lost = [count] if self.on_lost is None else [self.on_lost, count]
         lease = Lease(
             name=self.name,
             token=token,
             # None, not the driver's constant 0, where the backend declares no fencing: see Lease.fencing_token
-            fencing_token=None if self.backend.guarantees.fencing == "none" else grant.fencing_token,
+            fencing_token=None if backend.guarantees.fencing == "none" else grant.fencing_token,
             ttl=grant.ttl,
             sent_at=grant.sent_at,
-            clock=self.clock,
-            backend=self.backend.name,
-            on_lost=[self.on_lost] if self.on_lost else None,
+            clock=clock,
+            backend=backend.name,
+            on_lost=on_lost,
         )
         with self.mutex:
             self.lease = lease
-        self.backend.track(lease)
-        self.backend.stats.count_and_observe("acquisitions", "wait", waited)
+        backend.track(lease, loss_counted=True)
+        stats.acquired(clock() - started)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("lockkit: acquired %r token=%s fencing=%d", self.name, token_hint(token), grant.fencing_token)
         return lease
@@ -141,11 +156,10 @@ class LockCore:
 
     def held_lease(self, action: str) -> Lease:
         """The lease a release/renew acts on; ``LockNotOwned`` if this handle holds none here."""
-        with self.mutex:
-            lease = self.lease
+        lease = self.lease  # one read (see begin)
         if lease is None:
             raise LockNotOwned(f"cannot {action} {self.name!r}: this {self.kind} handle does not hold it")
-        if lease.owner_pid != os.getpid():
+        if not lease.ours():
             raise LockNotOwned(
                 f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "
                 "a forked child never inherits its parent's locks"
@@ -157,12 +171,14 @@ class LockCore:
         with self.mutex:
             if self.lease is lease:
                 self.lease = None
-        self.backend.forget(lease)
-        held = max(0.0, self.clock() - lease.acquired_at)
-        if released:
-            self.backend.stats.count_and_observe("releases", "hold", held)
-        else:
-            self.backend.stats.observe("hold", held)
+        backend = self.backend
+        backend.untrack(lease)
+        now = backend.clock()
+        # The share of its TTL gone since its grant or last renewal: near 1, one more pause (GC, swap, a slow
+        # network) and another holder gets the lock while this one still runs (lockkit_ttl_used_ratio).
+        ttl = lease.ttl
+        used = 1.0 - (lease.expires_at - now) / ttl if ttl > 0 else None
+        backend.stats.ended(released, max(0.0, now - lease.acquired_at), used)
 
     def after_release(self, lease: Lease, ok: bool) -> None:
         """Forget the lease; ``LockNotOwned`` if the server no longer held our token."""
@@ -219,7 +235,7 @@ class LockCore:
 
     def exit_error(self, lease: Lease | None) -> LockLost | None:
         """What ``__exit__`` must tell the block if the lock was lost while it ran."""
-        if lease is not None and not lease.valid and lease.owner_pid == os.getpid():
+        if lease is not None and not lease.valid and lease.ours():
             return LockLost(
                 f"lock {self.name!r} was lost while the with-block ran ({lease.lost_reason}); "
                 "its work may have overlapped another holder's"

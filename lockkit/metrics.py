@@ -80,7 +80,43 @@ QUEUED = 256
 process-wide export lock meanwhile, so this stays small."""
 
 Event = tuple[str | None, str, float]
-"""A queued hot-path event: the counter it adds one to (or none), the histogram it observes, the value."""
+"""A queued event (other than an acquisition's or a release's): the counter it adds one to (or none), the
+histogram it observes, the value."""
+End = tuple[bool, float, float | None]
+"""A queued release: whether it counts as one (still ours), its hold time, its share of the TTL used (or none)."""
+
+
+class _Queue:
+    """The hot-path events of one stats object, waiting to be applied (see :class:`BackendStats`).
+
+    One deque per kind, so that the hot path appends one float (an acquisition: its count and its wait) or one
+    tuple (a release: its count, hold time and TTL share), and applying them is a pass per histogram rather
+    than a dispatch per event (issue 17). ``deque.append`` is atomic: no lock where they are queued.
+    """
+
+    __slots__ = ("ends", "other", "waits")
+
+    def __init__(self) -> None:
+        self.waits: deque[float] = deque()
+        self.ends: deque[End] = deque()
+        self.other: deque[Event] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self.waits or self.ends or self.other)
+
+    def clear(self) -> None:
+        self.waits.clear()
+        self.ends.clear()
+        self.other.clear()
+
+    def drain(self) -> tuple[list[float], list[End], list[Event]]:
+        """What was queued so far, oldest first; what is queued meanwhile waits for the next drain."""
+        return _drain(self.waits), _drain(self.ends), _drain(self.other)
+
+
+def _drain(queued: deque[Any]) -> list[Any]:
+    take = queued.popleft
+    return [take() for _ in range(len(queued))]
 
 
 @dataclass
@@ -96,6 +132,26 @@ class _Reservoir:
     total: float = 0.0
     _w: float = 1.0
     _next: int = 0  # the 1-based number of the next observation that replaces a sampled one
+
+    def add_many(self, values: list[float], rng: random.Random) -> None:
+        """:meth:`add` each of ``values`` in turn (the same sample from the same ``rng``), with no call per value."""
+        self.total += sum(values)
+        sample, n = self.values, len(values)
+        i = min(n, RESERVOIR - len(sample))
+        if i > 0:
+            sample.extend(values[:i])
+            self.seen += i
+            if len(sample) == RESERVOIR:
+                self._skip(rng)
+        while i < n:
+            at = i + self._next - self.seen - 1  # the index of the next value that replaces a sampled one
+            if at >= n:
+                self.seen += n - i
+                return
+            self.seen += at - i + 1
+            sample[rng.randrange(RESERVOIR)] = values[at]
+            self._skip(rng)
+            i = at + 1
 
     def add(self, value: float, rng: random.Random) -> None:
         self.seen += 1
@@ -148,10 +204,16 @@ class Totals:
         self.sums[name] += value
 
     def add(self, counter: str | None, name: str, value: float) -> None:
-        """One queued hot-path event."""
+        """One queued event."""
         if counter is not None:
             self.counts[counter] += 1
         self.observe(name, value)
+
+    def observe_many(self, name: str, values: list[float]) -> None:
+        bounds, hits, find = _BOUNDS[name], self.buckets[name], bisect.bisect_left
+        for value in values:
+            hits[find(bounds, value)] += 1
+        self.sums[name] += sum(values)
 
     def merge(self, other: Totals) -> None:
         for name, n in other.counts.items():
@@ -269,8 +331,7 @@ class _Exporter:
             sources = list(instance.sources)
             while _orphans:
                 queued, tally = _orphans.popleft()
-                while queued:
-                    tally.add(*queued.popleft())
+                _apply(queued, tally)
         for source in sources:
             source.apply_queued()
         with cls._guard:
@@ -288,7 +349,7 @@ class _Exporter:
         with cls._guard:
             _orphans.clear()
             for source in instance.sources:
-                source._queued.clear()
+                source._queue.clear()
             for tally in instance.tallies.values():
                 tally.reset()
 
@@ -299,11 +360,11 @@ class _Exporter:
         yield from families(self.totals().items())
 
 
-_orphans: deque[tuple[deque[Event], Totals]] = deque()
+_orphans: deque[tuple[_Queue, Totals]] = deque()
 """Queues of collected stats objects, applied to their tallies at the next scrape."""
 
 
-def _orphaned(queued: deque[Event], tally: Totals) -> None:
+def _orphaned(queued: _Queue, tally: Totals) -> None:
     # A finalizer runs wherever the garbage collector does, possibly inside code that holds the export lock:
     # so it takes no lock, it only hands the queue over (deque.append is atomic).
     if queued:
@@ -345,11 +406,28 @@ class BackendStats:
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._samples = {name: _Reservoir() for name in HISTOGRAMS}
         self._rng = random.Random()
-        self._queued: deque[Event] = deque()
+        self._queue = _Queue()
+        self._waits = self._queue.waits  # the two hot-path queues, one attribute away
+        self._ends = self._queue.ends
         self._tally = _Exporter.tally(backend, self)
         self._lock = _Exporter._guard if self._tally is not None else threading.Lock()
         if self._tally is not None:  # events still queued when this is dropped must reach Prometheus all the same
-            weakref.finalize(self, _orphaned, self._queued, self._tally)
+            weakref.finalize(self, _orphaned, self._queue, self._tally)
+
+    def acquired(self, wait: float) -> None:
+        """An acquisition and its wait, counted later (see the class)."""
+        waits = self._waits
+        waits.append(wait)
+        if len(waits) >= QUEUED:
+            self.apply_queued()
+
+    def ended(self, released: bool, hold: float, ttl_used: float | None) -> None:
+        """A lease's end, counted later (see the class): a release (``released``: it was still ours, counted in
+        ``releases``) or a failed one, its hold time and the share of its TTL gone (``ttl_used``)."""
+        ends = self._ends
+        ends.append((released, hold, ttl_used))
+        if len(ends) >= QUEUED:
+            self.apply_queued()
 
     def count(self, counter: str, n: int = 1) -> None:
         with self._lock:
@@ -364,10 +442,9 @@ class BackendStats:
                 self._tally.observe(name, value)
 
     def count_and_observe(self, counter: str, name: str, value: float) -> None:
-        """Count one event with its observation, later (see the class): an acquisition with its wait, a release
-        with its hold time."""
-        queued = self._queued
-        queued.append((counter, name, value))  # deque.append is atomic: no lock on the hot path
+        """Count one event with its observation, later (see the class)."""
+        queued = self._queue.other
+        queued.append((counter, name, value))
         if len(queued) >= QUEUED:
             self.apply_queued()
 
@@ -377,7 +454,7 @@ class BackendStats:
 
     def observe_later(self, name: str, value: float) -> None:
         """Observe ``value``, later (see the class): for observations on the hot path without a count."""
-        queued = self._queued
+        queued = self._queue.other
         queued.append((None, name, value))
         if len(queued) >= QUEUED:
             self.apply_queued()
@@ -385,15 +462,8 @@ class BackendStats:
     def apply_queued(self) -> None:
         """Apply the events queued so far (ones queued meanwhile wait for the next call); a locker calls this
         when it closes."""
-        queued = self._queued
         with self._lock:
-            for _ in range(len(queued)):
-                counter, name, value = queued.popleft()
-                if counter is not None:
-                    self._counts[counter] += 1
-                self._samples[name].add(value, self._rng)
-                if self._tally is not None:
-                    self._tally.add(counter, name, value)
+            _apply(self._queue, self._tally, self._counts, self._samples, self._rng)
 
     def snapshot(self) -> dict[str, Any]:
         self.apply_queued()
@@ -402,3 +472,41 @@ class BackendStats:
             for name, reservoir in self._samples.items():
                 out[HISTOGRAMS[name].key] = reservoir.summary()
         return out
+
+
+def _apply(
+    queue: _Queue,
+    tally: Totals | None,
+    counts: dict[str, int] | None = None,
+    samples: dict[str, _Reservoir] | None = None,
+    rng: random.Random | None = None,
+) -> None:
+    """Apply what ``queue`` holds to the export ``tally`` and (when given) a stats object's own counts and
+    reservoirs; under the stats object's lock (an orphaned queue: the export lock)."""
+    waits, ends, other = queue.drain()
+    observed: list[tuple[str, list[float]]] = []
+    counted: list[tuple[str, int]] = []
+    if waits:
+        counted.append(("acquisitions", len(waits)))
+        observed.append(("wait", waits))
+    if ends:
+        counted.append(("releases", sum(1 for released, _, _ in ends if released)))
+        observed.append(("hold", [hold for _, hold, _ in ends]))
+        observed.append(("ttl_used", [used for _, _, used in ends if used is not None]))
+    for counter, n in counted:
+        if counts is not None:
+            counts[counter] += n
+        if tally is not None:
+            tally.counts[counter] += n
+    for name, values in observed:
+        if samples is not None and rng is not None:
+            samples[name].add_many(values, rng)
+        if tally is not None:
+            tally.observe_many(name, values)
+    for event, histogram, value in other:
+        if event is not None and counts is not None:
+            counts[event] += 1
+        if samples is not None and rng is not None:
+            samples[histogram].add(value, rng)
+        if tally is not None:
+            tally.add(event, histogram, value)

@@ -65,6 +65,9 @@ def _number(value: object, what: str) -> float:
 
 def validate_ttl(value: object, what: str = "ttl") -> float:
     """Return ``value`` as float seconds if it is a usable TTL, else raise :class:`ConfigError`."""
+    kind = type(value)  # exactly float or int: bool (an int subclass) and NaN (no comparison holds) go on below
+    if (kind is float or kind is int) and MIN_TTL <= value <= MAX_TTL:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
     ttl = _number(value, what)
     if not MIN_TTL <= ttl <= MAX_TTL:
         raise ConfigError(f"{what} must be between {MIN_TTL} and {MAX_TTL:.0f} seconds, got {ttl!r}")

@@ -13,6 +13,10 @@ __all__ = ["finish_even_if_cancelled", "wait_event"]
 log = logging.getLogger("lockkit")
 T = TypeVar("T")
 
+What = str | tuple[str, str]
+"""What a step does, for the warning if it fails after its caller was cancelled: a text, or (verb, lock name),
+formatted only then (a text made per release was most of a release's string work; issue 17)."""
+
 _unawaited: set[asyncio.Task[Any]] = set()
 """Shielded tasks whose caller was cancelled: referenced here so that the loop does not drop them."""
 
@@ -34,7 +38,7 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return bool(done)
 
 
-def finish_even_if_cancelled(step: Coroutine[Any, Any, T], what: str, inline: bool = False) -> Awaitable[T]:
+def finish_even_if_cancelled(step: Coroutine[Any, Any, T], what: What, inline: bool = False) -> Awaitable[T]:
     """Run ``step`` to its end even if the awaiting task is cancelled meanwhile.
 
     For the calls that must not stop half-way: a release (or renew) abandoned between sending and reading
@@ -55,7 +59,7 @@ def finish_even_if_cancelled(step: Coroutine[Any, Any, T], what: str, inline: bo
     return _shielded(step, what)
 
 
-async def _shielded(step: Coroutine[Any, Any, T], what: str) -> T:
+async def _shielded(step: Coroutine[Any, Any, T], what: What) -> T:
     task = asyncio.ensure_future(step)
     try:
         return await asyncio.shield(task)
@@ -65,7 +69,7 @@ async def _shielded(step: Coroutine[Any, Any, T], what: str) -> T:
         raise
 
 
-def _keep(task: asyncio.Task[Any], what: str) -> None:
+def _keep(task: asyncio.Task[Any], what: What) -> None:
     _unawaited.add(task)
     task.add_done_callback(lambda done: _report(done, what))
 
@@ -136,7 +140,7 @@ class _Guard:
 
 
 @types.coroutine
-def _inline(step: Coroutine[Any, Any, T], what: str) -> Generator[Any, Any, T]:
+def _inline(step: Coroutine[Any, Any, T], what: What) -> Generator[Any, Any, T]:
     """Drive ``step`` in the awaiting task, every future it waits on behind a :class:`_Guard`; on the caller's
     cancellation, move the step (where it stands) to a task of its own and raise the cancellation."""
     error: BaseException | None = None
@@ -193,8 +197,10 @@ def _drive(step: Coroutine[Any, Any, T], waited: Any) -> Generator[Any, Any, T]:
             error = exc
 
 
-def _report(task: asyncio.Task[Any], what: str) -> None:
+def _report(task: asyncio.Task[Any], what: What) -> None:
     _unawaited.discard(task)
+    if isinstance(what, tuple):
+        what = f"{what[0]} {what[1]!r}"
     if task.cancelled():
         log.warning("lockkit: %s was cancelled after its caller (the event loop is closing?)", what)
         return

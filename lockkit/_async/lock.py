@@ -54,16 +54,17 @@ class AsyncLock:
     def _renewals_of_lease(self) -> AsyncRenewalScheduler:
         return self._renewals or async_scheduler(self._core.clock)
 
-    def _inline(self) -> bool:
+    @staticmethod
+    def _inline(driver: AsyncDriver) -> bool:
         """Whether the driver lets a release or renew run in the caller's task until a cancellation arrives: it
         declares ``finish_inline`` when its calls never cancel the task they run in (see
         :func:`~lockkit._async.cancel_safe.finish_even_if_cancelled`); any other driver's run shielded."""
-        return getattr(self._core.backend.driver, "finish_inline", False) is True
+        return getattr(driver, "finish_inline", False) is True
 
     def _start(self, token: str, grant: Grant, started: float) -> Lease:
         core = self._core
-        lease = core.granted(token, grant, core.clock() - started)
-        renewals = self._renewals = async_scheduler(core.clock)
+        lease = core.granted(token, grant, started)
+        renewals = self._renewals = async_scheduler(core.backend.clock)
         renewals.add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
         return lease
 
@@ -73,8 +74,7 @@ class AsyncLock:
         On the asyncio face, cancelling the caller removes whatever the wait queued on the server.
         """
         core = self._core
-        token, deadline = core.begin(timeout)
-        started = core.clock()
+        token, deadline, started = core.begin(timeout)
         try:
             grant = await self._take(token, deadline)
         except LockError:
@@ -107,8 +107,8 @@ class AsyncLock:
         core = self._core
         lease = core.held_lease("renew")
         want, ticket = core.start_renewal(lease, ttl)
-        step = self._renew(lease, want, ticket)
-        return await finish_even_if_cancelled(step, f"renewing {core.name!r}", self._inline())
+        inline = self._inline(self._driver())
+        return await finish_even_if_cancelled(self._renew(lease, want, ticket), ("renewing", core.name), inline)
 
     async def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
         core = self._core
@@ -134,12 +134,14 @@ class AsyncLock:
         core = self._core
         lease = core.held_lease("release")
         self._renewals_of_lease().remove(lease)
-        await finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}", self._inline())
+        driver = self._driver()  # once per release: it raises if the locker is closed
+        inline = self._inline(driver)
+        await finish_even_if_cancelled(self._release(lease, driver), ("releasing", core.name), inline)
 
-    async def _release(self, lease: Lease) -> Lease:
+    async def _release(self, lease: Lease, driver: AsyncDriver) -> Lease:
         core = self._core
         try:
-            ok = await self._driver().release(core.name, lease.token)
+            ok = await driver.release(core.name, lease.token)
         except BaseException as exc:
             core.release_errored(lease, exc)
             raise

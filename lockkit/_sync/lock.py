@@ -56,16 +56,17 @@ class Lock:
     def _renewals_of_lease(self) -> RenewalScheduler:
         return self._renewals or scheduler(self._core.clock)
 
-    def _inline(self) -> bool:
+    @staticmethod
+    def _inline(driver: Driver) -> bool:
         """Whether the driver lets a release or renew run in the caller's task until a cancellation arrives: it
         declares ``finish_inline`` when its calls never cancel the task they run in (see
         :func:`~lockkit._async.cancel_safe.finish_even_if_cancelled`); any other driver's run shielded."""
-        return getattr(self._core.backend.driver, "finish_inline", False) is True
+        return getattr(driver, "finish_inline", False) is True
 
     def _start(self, token: str, grant: Grant, started: float) -> Lease:
         core = self._core
-        lease = core.granted(token, grant, core.clock() - started)
-        renewals = self._renewals = scheduler(core.clock)
+        lease = core.granted(token, grant, started)
+        renewals = self._renewals = scheduler(core.backend.clock)
         renewals.add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
         return lease
 
@@ -75,8 +76,7 @@ class Lock:
         On the asyncio face, cancelling the caller removes whatever the wait queued on the server.
         """
         core = self._core
-        token, deadline = core.begin(timeout)
-        started = core.clock()
+        token, deadline, started = core.begin(timeout)
         try:
             grant = self._take(token, deadline)
         except LockError:
@@ -109,8 +109,8 @@ class Lock:
         core = self._core
         lease = core.held_lease("renew")
         want, ticket = core.start_renewal(lease, ttl)
-        step = self._renew(lease, want, ticket)
-        return finish_even_if_cancelled(step, f"renewing {core.name!r}", self._inline())
+        inline = self._inline(self._driver())
+        return finish_even_if_cancelled(self._renew(lease, want, ticket), ("renewing", core.name), inline)
 
     def _renew(self, lease: Lease, want: float, ticket: RenewalTicket) -> Lease:
         core = self._core
@@ -136,12 +136,14 @@ class Lock:
         core = self._core
         lease = core.held_lease("release")
         self._renewals_of_lease().remove(lease)
-        finish_even_if_cancelled(self._release(lease), f"releasing {core.name!r}", self._inline())
+        driver = self._driver()  # once per release: it raises if the locker is closed
+        inline = self._inline(driver)
+        finish_even_if_cancelled(self._release(lease, driver), ("releasing", core.name), inline)
 
-    def _release(self, lease: Lease) -> Lease:
+    def _release(self, lease: Lease, driver: Driver) -> Lease:
         core = self._core
         try:
-            ok = self._driver().release(core.name, lease.token)
+            ok = driver.release(core.name, lease.token)
         except BaseException as exc:
             core.release_errored(lease, exc)
             raise

@@ -128,8 +128,12 @@ class Locker:
 
     def backend_for(self, name: str, backend: str | None = None) -> Backend[Driver]:
         """The backend lock ``name`` goes to: ``backend`` if given, else the first matching route."""
+        return self._routed(validate_name(name), backend)
+
+    def _routed(self, valid: str, backend: str | None) -> Backend[Driver]:
+        """:meth:`backend_for` a name validated already."""
         self._check_open()
-        return self._backends[self.settings.route(validate_name(name), backend)]
+        return self._backends[self.settings.route(valid, backend)]
 
     def backends(self) -> list[str]:
         """The names of the configured backends."""
@@ -159,15 +163,16 @@ class Locker:
         timeout: float | None = None,
     ) -> Lock:
         """A handle on lock ``name`` (nothing is sent to the server until you acquire it)."""
-        valid = validate_name(name)
+        valid = validate_name(name)  # once per handle: routing and the handle take it as it is
         core = LockCore(
-            self.backend_for(valid, backend),
+            self._routed(valid, backend),
             valid,
             ttl,
             auto_renew=auto_renew,
             on_lost=on_lost,
             max_hold=max_hold,
             timeout=timeout,
+            name_checked=True,
         )
         return Lock(core)
 

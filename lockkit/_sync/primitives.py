@@ -23,7 +23,7 @@ def face_driver(driver: Driver) -> Driver:
     return driver
 
 
-def finish_even_if_cancelled(result: T, what: str, inline: bool = False) -> T:
+def finish_even_if_cancelled(result: T, what: str | tuple[str, str], inline: bool = False) -> T:
     """The blocking twin of :func:`lockkit._async.cancel_safe.finish_even_if_cancelled`.
 
     A blocking call cannot be cancelled half-way by another party: by the time this runs, the step it
