@@ -26,6 +26,10 @@ connection sending the floor's commands, of its node running the driver's own ca
 the whole ``AsyncLock`` (offloaded faces: the blocking driver offloaded the floor's way, the offload adapter,
 the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds; and
 the turns of the event loop and the tasks each layer makes per acquire+release (counted over 100 more).
+
+``--parts front`` measures the front end alone (issue 17): ``AsyncLock`` over a driver stub that answers each call
+after one turn of the loop (``asyncio.sleep(0)``), against the stub's own calls, layer by layer as above (no
+server; 10 times ``--ops``), and the front end's own CPU per acquire+release, the difference of the two.
 """
 
 from __future__ import annotations
@@ -202,6 +206,53 @@ def offloaded_layers(locks: lockkit.AsyncLocker, floor: Op, pool: concurrent.fut
     }  # fmt: skip
 
 
+class _StubDriver:
+    """A driver that answers every acquire with a grant and every release with success after one turn of the loop:
+    what is left of an ``AsyncLock`` over it is the front end's own Python."""
+
+    finish_inline = True
+
+    def __init__(self, clock: Callable[[], float], guarantees: Any) -> None:
+        self.clock, self.guarantees, self.fence = clock, guarantees, 0
+
+    async def acquire(self, name: str, token: str, ttl: float, deadline: float | None, cancel: Any = None) -> Any:
+        from lockkit.driver import Grant
+
+        sent_at = self.clock()
+        await asyncio.sleep(0)
+        self.fence += 1
+        return Grant(self.fence, ttl, sent_at)
+
+    async def release(self, name: str, token: str) -> bool:
+        await asyncio.sleep(0)
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+async def front_part(ops: int) -> str:
+    from lockkit.drivers.redis.single import GUARANTEES
+
+    async with lockkit.connect_async("memory://bench-front") as locks:
+        backend: Any = locks.backend_for("front")
+        real, stub = backend._driver, _StubDriver(locks.clock, GUARANTEES)
+        backend._driver = stub  # a benchmark may swap the driver: the front end is what it measures
+        token = "t" * 32
+
+        async def bare(name: str) -> None:
+            await stub.acquire(name, token, 10.0, None)
+            await stub.release(name, token)
+
+        try:
+            table = await alayers({"driver stub alone": bare, "AsyncLock over the stub": via(locks)}, ops * 10)
+        finally:
+            backend._driver = real
+    rows = [line.split() for line in table.splitlines()[2:]]
+    own = float(rows[1][-6]) - float(rows[0][-6])
+    return f"{table}\nthe front end's own CPU per acquire+release: {own:.1f} µs"
+
+
 async def redis_layers_part(port: int, url: str, ops: int) -> str:
     from lockkit.drivers.redis._async.connection import AsyncConnection
     from lockkit.drivers.redis.calls import pack
@@ -358,7 +409,7 @@ def main() -> None:
         "--parts",
         default="redis,redlock,etcd,zookeeper",
         help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers, etcd-layers, zookeeper-layers "
-        "(a face layer by layer)",
+        "(a face layer by layer); front (the front end over a driver stub)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -369,6 +420,8 @@ def main() -> None:
     )
     sections: list[tuple[str, Callable[[], Any]]] = []
     with contextlib.ExitStack() as stack:
+        if "front" in parts:
+            sections.append(("the front end", lambda: front_part(ops)))
         if "redis" in parts or "redis-layers" in parts:
             single = stack.enter_context(RedisServer())
         if "redis" in parts:

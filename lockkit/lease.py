@@ -162,6 +162,13 @@ class Lease:
         """Whether this process acquired the lease (a forked child never inherits a lock)."""
         return self._pid == _pid
 
+    def ttl_used(self, now: float) -> float | None:
+        """The share of the TTL gone at ``now`` since the grant or last renewal (``None`` for a TTL of 0): near 1,
+        one more pause (GC, swap, a slow network) and another holder gets the lock while this one still runs
+        (``lockkit_ttl_used_ratio``, observed at release)."""
+        ttl = self._ttl
+        return 1.0 - (self._expires_at - now) / ttl if ttl > 0 else None
+
     def remaining(self) -> float:
         """Seconds of validity left (0 once invalid). Never uses the wall clock."""
         if not self.valid:

@@ -174,11 +174,7 @@ class LockCore:
         backend = self.backend
         backend.untrack(lease)
         now = backend.clock()
-        # The share of its TTL gone since its grant or last renewal: near 1, one more pause (GC, swap, a slow
-        # network) and another holder gets the lock while this one still runs (lockkit_ttl_used_ratio).
-        ttl = lease.ttl
-        used = 1.0 - (lease.expires_at - now) / ttl if ttl > 0 else None
-        backend.stats.ended(released, max(0.0, now - lease.acquired_at), used)
+        backend.stats.ended(released, max(0.0, now - lease.acquired_at), lease.ttl_used(now))
 
     def after_release(self, lease: Lease, ok: bool) -> None:
         """Forget the lease; ``LockNotOwned`` if the server no longer held our token."""

@@ -63,13 +63,6 @@ class Lock:
         :func:`~lockkit._async.cancel_safe.finish_even_if_cancelled`); any other driver's run shielded."""
         return getattr(driver, "finish_inline", False) is True
 
-    def _start(self, token: str, grant: Grant, started: float) -> Lease:
-        core = self._core
-        lease = core.granted(token, grant, started)
-        renewals = self._renewals = scheduler(core.backend.clock)
-        renewals.add(lease, core.backend, core.ttl, core.auto_renew, core.max_hold)
-        return lease
-
     def acquire(self, timeout: float | None = USE_LOCK_TIMEOUT) -> Lease:
         """Wait until held; raise :class:`LockTimeout` after ``timeout`` seconds (``None``: wait forever).
 
@@ -84,12 +77,17 @@ class Lock:
             raise
         if grant is None:
             raise core.timed_out(timeout)
-        return self._start(token, grant, started)
+        lease = core.granted(token, grant, started)
+        backend = core.backend
+        renewals = self._renewals = scheduler(backend.clock)
+        renewals.add(lease, backend, core.ttl, core.auto_renew, core.max_hold)
+        return lease
 
     def _take(self, token: str, deadline: float | None) -> Grant | None:
         """The driver call that wins the grant (a permit handle asks its backend's permit operations instead)."""
         core = self._core
-        return self._driver().acquire(core.name, token, core.ttl, deadline)
+        driver: Driver = core.backend.driver
+        return driver.acquire(core.name, token, core.ttl, deadline)
 
     def try_acquire(self) -> Lease | None:
         """One attempt, never waits: the lease, or ``None`` if someone else holds the lock."""

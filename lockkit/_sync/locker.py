@@ -133,7 +133,10 @@ class Locker:
     def _routed(self, valid: str, backend: str | None) -> Backend[Driver]:
         """:meth:`backend_for` a name validated already."""
         self._check_open()
-        return self._backends[self.settings.route(valid, backend)]
+        settings = self.settings
+        # No routes and no backend named: the default, without a call to look for a route (once per handle)
+        chosen = settings.route(valid, backend) if backend is not None or settings.routes else settings.default
+        return self._backends[chosen]
 
     def backends(self) -> list[str]:
         """The names of the configured backends."""
