@@ -168,3 +168,15 @@ def test_statistics_of_acquires_and_releases_queued_and_applied() -> None:
             held.release()
         stats = locks.stats()["lean-stats"]
         assert stats["releases"] == n and stats["hold_seconds"]["count"] == n + 1 and stats["losses"] == 1
+
+
+@pytest.mark.parametrize("name", ["plain", "a/b.c", "{tag}", "100%", "}{", "naïve ☃", "%7B"])
+def test_lock_keys_built_lean_are_the_documented_keys(name: str) -> None:
+    from lockkit.drivers.redis.keys import LockKeys, lock_keys
+
+    escaped = name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    base = f"pre:{{{escaped}}}".encode()
+    expected = LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive", b"pre:client:")
+    keys = lock_keys("pre:", name)
+    assert keys == expected and type(keys) is LockKeys and keys.sharded is False
+    assert keys.script_keys() == (expected.lock, expected.fence, expected.queue, expected.alive)

@@ -72,13 +72,22 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+_clients: dict[str, bytes] = {}
+"""``<prefix>client:`` by prefix: the same for every name."""
+_new_keys = tuple.__new__  # a named tuple's own __new__ is a Python function: one frame less per fresh name
+
+
 @functools.lru_cache(maxsize=1 << 16)  # a renewal round maps thousands of the same names every ttl/3
 def lock_keys(prefix: str, name: str) -> LockKeys:
     # translate() through a mapping costs more than the rest together; most names need no escape at all
     escaped = name.translate(_ESCAPES) if "%" in name or "{" in name or "}" in name else name
     base = f"{prefix}{{{escaped}}}".encode()
-    clients = f"{prefix}client:".encode()
-    return LockKeys(base, base + b":fence", base + b":wake", base + b":queue", base + b":alive", clients)
+    clients = _clients.get(prefix)
+    if clients is None:
+        clients = _clients[prefix] = f"{prefix}client:".encode()
+    fields = (base, base + b":fence", base + b":wake", base + b":queue", base + b":alive", clients, False)
+    keys: LockKeys = _new_keys(LockKeys, fields)
+    return keys
 
 
 @functools.lru_cache(maxsize=1 << 16)
