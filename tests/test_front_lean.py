@@ -61,7 +61,7 @@ def test_c9_a_forked_child_has_its_own_pid_its_own_tokens_and_not_its_parents_le
 
 
 def test_tokens_are_distinct_hex_across_pool_refills() -> None:
-    tokens = [new_token() for _ in range(1000)]  # 128 tokens per 4 KiB draw: several refills
+    tokens = [new_token() for _ in range(1000)]  # 256 tokens per 4 KiB draw: several refills
     assert len(set(tokens)) == len(tokens)
     assert all(re.fullmatch(r"[0-9a-f]{32}", token) for token in tokens)
 
