@@ -131,7 +131,7 @@ class LockCore:
             name=self.name,
             token=token,
             # None, not the driver's constant 0, where the backend declares no fencing: see Lease.fencing_token
-            fencing_token=None if backend.guarantees.fencing == "none" else grant.fencing_token,
+            fencing_token=None if backend.driver.guarantees.fencing == "none" else grant.fencing_token,
             ttl=grant.ttl,
             sent_at=grant.sent_at,
             clock=clock,

@@ -131,7 +131,7 @@ class AsyncLock:
         """
         core = self._core
         lease = core.held_lease("release")
-        self._renewals_of_lease().remove(lease)
+        (self._renewals or async_scheduler(core.backend.clock)).remove(lease)
         driver = self._driver()  # once per release: it raises if the locker is closed
         inline = self._inline(driver)
         await finish_even_if_cancelled(self._release(lease, driver), ("releasing", core.name), inline)

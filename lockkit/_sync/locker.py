@@ -132,7 +132,8 @@ class Locker:
 
     def _routed(self, valid: str, backend: str | None) -> Backend[Driver]:
         """:meth:`backend_for` a name validated already."""
-        self._check_open()
+        if self._closed:
+            self._check_open()  # raises
         settings = self.settings
         # No routes and no backend named: the default, without a call to look for a route (once per handle)
         chosen = settings.route(valid, backend) if backend is not None or settings.routes else settings.default
