@@ -120,7 +120,7 @@ class Lease:
         self.acquired_at = sent_at
         self._clock = clock
         self._ttl = ttl
-        # lease_deadline(sent_at, ttl), inline: one of two calls per acquire (tests/test_lease.py pins the two equal)
+        # lease_deadline(sent_at, ttl), inline: one call less per acquire (tests/test_front_lean.py pins them equal)
         self._expires_at = sent_at + ttl - (ttl * DRIFT_FACTOR + DRIFT_FLOOR)
         self._state = _HELD
         self._reason: str | None = None
