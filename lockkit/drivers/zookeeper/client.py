@@ -37,6 +37,7 @@ from kazoo.protocol.states import Callback
 
 from ...errors import ConfigError
 from .nodes import Transient, ZooKeeperOptions
+from .poll import use_poll
 
 CONTAINER_FLAG = 4
 """``CreateMode.CONTAINER``: the server deletes the node once its last child is gone (ZooKeeper ≥ 3.5.3)."""
@@ -131,6 +132,7 @@ def new_client(
         command_retry={"max_tries": 0},
         logger=KazooLog(credential, on_attempt),
     )
+    use_poll(kz)  # one poll per socket wait instead of an epoll set (see .poll): most of kazoo's thread's CPU
     if on_attempt is not None:
         _watch_connects(kz, on_attempt)
     connection: Any = getattr(kz, "_connection", None)
