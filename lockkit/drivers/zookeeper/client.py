@@ -168,7 +168,9 @@ def _tell_deletions(connection: Any, on_deleted: Callable[[str], None]) -> None:
     at all. ``on_deleted`` runs on the thread that keeps the connection alive: it must not block, and it must
     not raise (anything it raises is logged and dropped here, and kazoo's own dispatch follows as before).
     """
-    original = connection._read_watch_event
+    original = getattr(connection, "_read_watch_event", None)
+    if original is None:  # another kazoo: the watch callback sends the list, a hand-off later
+        return
 
     def read_watch_event(buffer: Any, offset: int) -> Any:
         try:

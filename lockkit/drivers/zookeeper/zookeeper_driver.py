@@ -360,8 +360,11 @@ class ZooKeeperDriver(ZooKeeperPresence):
         what = f"create {c.parent} with a contender"
         results = s.call(found_async(s.client(), c.parent, c.prefix, c.data, s.acl), what, end=end)
         c.pending = False  # answered: either both nodes exist now, or neither was created
-        with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+        try:
             c.child, c.czxid = founded(results)
+        except Exception:  # (translated only on failure, as nodes.wait does)
+            with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+                raise
         s.parent_seen(c.parent)
         return [c.child]
 
