@@ -71,11 +71,13 @@ class _Short(Exception):
 class Replies:
     """The bytes received on one connection, parsed one complete reply at a time."""
 
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "errors", "pos")
 
     def __init__(self) -> None:
         self.buf = b""
         self.pos = 0
+        self.errors = 0
+        """Error replies parsed so far (at any depth): a reader that saw none skips looking for them."""
 
     def feed(self, data: bytes) -> None:
         self.buf = self.buf[self.pos :] + data if self.pos < len(self.buf) else data
@@ -125,5 +127,6 @@ class Replies:
         if kind == b"+":
             return rest
         if kind == b"-":
+            self.errors += 1
             return error_reply(rest.decode(errors="replace"))
         raise InvalidResponse(f"protocol error: {line[:40]!r}")

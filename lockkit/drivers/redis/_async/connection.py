@@ -28,9 +28,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from ..calls import pack
 from ..config import NodeSpec
 from ..resp import NOT_YET, Replies
-from .stream import AsyncStream, open_stream
+from .stream import AsyncStream, open_stream, stale_all
 
-__all__ = ["AsyncConnection"]
+__all__ = ["AsyncConnection", "stale_connections"]
 
 _PING = pack([("PING",)])
 
@@ -66,6 +66,8 @@ class AsyncConnection:
         self._stream: AsyncStream | None = None
         self._replies = Replies()
         self._used = 0.0
+        self.errors = False
+        """The last :meth:`read` got an error reply (at any depth); without one, nobody looks for ``NOSCRIPT``."""
 
     async def connect(self) -> None:
         self.drop()
@@ -90,10 +92,11 @@ class AsyncConnection:
         elif refused is not None:
             raise refused
 
-    async def ready(self) -> None:
-        """Make this pooled connection fit to carry commands (see the module docstring)."""
+    async def ready(self, stale: bool | None = None) -> None:
+        """Make this pooled connection fit to carry commands (see the module docstring); ``stale``: whether it
+        is unusable, if :func:`stale_connections` just looked (a fan-out asks about all its connections at once)."""
         stream = self._stream
-        if stream is not None and stream.stale():
+        if stream is not None and (stream.stale() if stale is None else stale):
             self.drop()
             stream = None
         if stream is None:
@@ -119,12 +122,15 @@ class AsyncConnection:
         connection's own ``timeout``. Error replies come back as exception objects (the stream stays in step),
         except those that make the connection unusable (a refused login, too many clients), which are raised
         like a timeout or a broken connection. Anything more than ``count`` replies is a protocol error."""
+        errors = self._replies.errors
         replies = [await self.next_reply(deadline)]
         for _ in range(count - 1):
             replies.append(await self.next_reply(None))
-        for reply in replies:
-            if isinstance(reply, RedisConnectionError):
-                raise reply
+        self.errors = self._replies.errors != errors
+        if self.errors:
+            for reply in replies:
+                if isinstance(reply, RedisConnectionError):
+                    raise reply
         if self._replies.pending():
             raise InvalidResponse(f"redis {self.spec.label} sent more than was asked for")
         self._used = time.monotonic()
@@ -159,3 +165,8 @@ class AsyncConnection:
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.close()
+
+
+def stale_connections(conns: Sequence[AsyncConnection]) -> list[bool]:
+    """Per connection, whether :meth:`AsyncConnection.ready` must reconnect it: one look at all of them."""
+    return stale_all([conn._stream for conn in conns])

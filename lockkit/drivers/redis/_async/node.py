@@ -36,7 +36,7 @@ from .primitives import AsyncConnectionPool
 __all__ = ["AsyncNode"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """Calls sent on ``conn`` whose replies (after ``hello`` replies of the connection's hello) are unread."""
 
@@ -54,11 +54,33 @@ class AsyncNode:
         o = spec.options
         self.pool = AsyncConnectionPool(lambda: AsyncConnection(spec), o.pool_size, o.connect_timeout + o.timeout)
 
-    async def send(self, calls: Sequence[Call], payload: bytes | None = None) -> Pending:
-        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master)."""
+    async def checkout(self) -> AsyncConnection:
+        """A pooled connection for :meth:`send`, not yet made ready: a fan-out looks at all of its connections
+        at once first (:func:`.connection.stale_connections`); it goes back to the pool with the send."""
         if self.state.refused is not None:
             raise self.state.refused
-        conn = await self.pool.get()
+        return await self.pool.get(ready=False)
+
+    async def send(
+        self,
+        calls: Sequence[Call],
+        payload: bytes | None = None,
+        conn: AsyncConnection | None = None,
+        stale: bool | None = None,
+    ) -> Pending:
+        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master), on
+        ``conn`` if given (from :meth:`checkout`; ``stale``: what :func:`.connection.stale_connections` said of
+        it), else on a connection from the pool."""
+        if conn is None:
+            if self.state.refused is not None:
+                raise self.state.refused
+            conn = await self.pool.get()
+        else:
+            try:
+                await conn.ready(stale)  # reconnected if it died while idle, PINGed if it sat idle for long
+            except BaseException:
+                self.pool.release(conn)
+                raise
         try:
             hello: list[tuple[Any, ...]] = []
             if conn.fresh:
@@ -87,7 +109,8 @@ class AsyncNode:
             if pending.hello:
                 apply_hello(self.state, replies[: pending.hello])
             replies = replies[pending.hello :]
-            redo, commands = reload_plan(pending.calls, replies)
+            # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most reads)
+            redo, commands = reload_plan(pending.calls, replies) if conn.errors else ([], [])
             if redo:
                 await conn.send(pack(commands))
                 again = await conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
@@ -119,6 +142,13 @@ class AsyncNode:
         except RedisConnectionError:
             pass
         return await self.receive(await self.send(calls), time.monotonic() + self.spec.options.timeout), True
+
+    def abandon(self, pending: Pending | AsyncConnection) -> None:
+        """Give back a connection whose replies will not be read (a fan-out interrupted half-way): it is
+        dropped, as unread replies would be the next caller's."""
+        conn = pending.conn if isinstance(pending, Pending) else pending
+        conn.drop()
+        self.pool.release(conn)
 
     async def close(self) -> None:
         await self.pool.disconnect()

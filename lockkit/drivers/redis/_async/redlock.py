@@ -31,6 +31,7 @@ from ..presence import announce_call, members_call, merge_members, parse_members
 from ..quorum import NodeResult, count_ok, count_repeated_misses, others_woken, quorum, tally_renew
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ..semaphore_scripts import REDLOCK_PERMITS
+from .connection import AsyncConnection, stale_connections
 from .drive import adrive
 from .node import AsyncNode, Pending
 from .primitives import AsyncBackground
@@ -83,16 +84,38 @@ class AsyncRedlockDriver:
     async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         nodes = self._nodes
         payload = pack_calls(calls)  # the same bytes go to every master
+        conns: list[AsyncConnection | BaseException] = []
         pending: list[Pending | BaseException] = []
-        for node in nodes:  # write to every master before reading any reply
-            try:
-                pending.append(await node.send(calls, payload))
-            except (RedisError, OSError) as exc:
-                pending.append(exc)
+        current = -1  # the master whose send is under way: a send gives its connection back on any error itself
+        try:
+            for node in nodes:
+                try:
+                    conns.append(await node.checkout())
+                except (RedisError, OSError) as exc:
+                    conns.append(exc)
+            # One look at every connection for one that the server closed while it sat idle (one system call
+            # on the blocking face, not one per master), before anything is sent on any of them.
+            flags = iter(stale_connections([conn for conn in conns if not isinstance(conn, BaseException)]))
+            for index, (node, conn) in enumerate(zip(nodes, conns, strict=True)):
+                if isinstance(conn, BaseException):
+                    pending.append(conn)
+                    continue
+                current = index
+                try:  # write to every master before reading any reply
+                    pending.append(await node.send(calls, payload, conn, next(flags)))
+                except (RedisError, OSError) as exc:
+                    pending.append(exc)
+                current = -1
+        except BaseException:  # interrupted (a signal, a cancel): no connection stays checked out
+            for index, (node, conn) in enumerate(zip(nodes, conns, strict=False)):
+                item = pending[index] if index < len(pending) else conn
+                if index != current and not isinstance(item, BaseException):
+                    node.abandon(item)
+            raise
         deadline = time.monotonic() + self.options.timeout
         results: list[NodeResult] = []
         failed = False
-        for node, sent in zip(nodes, pending, strict=True):
+        for index, (node, sent) in enumerate(zip(nodes, pending, strict=True)):
             repeated = False
             replies: list[Any] | BaseException
             if isinstance(sent, BaseException):  # nothing was sent: no reply to wait for
@@ -111,6 +134,11 @@ class AsyncRedlockDriver:
                             repeated = True  # sent: it may have run, only its reply lost
                 except (RedisError, OSError) as exc:
                     replies = exc
+                except BaseException:  # interrupted: the later masters' replies will not be read
+                    for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
+                        if not isinstance(item, BaseException):
+                            later.abandon(item)
+                    raise
             failed = failed or isinstance(replies, BaseException)
             results.append(NodeResult(replies, node.state.epoch, repeated))
         if failed:  # only a failed master can have refused the login
