@@ -122,16 +122,22 @@ class AsyncConnection:
         connection's own ``timeout``. Error replies come back as exception objects (the stream stays in step),
         except those that make the connection unusable (a refused login, too many clients), which are raised
         like a timeout or a broken connection. Anything more than ``count`` replies is a protocol error."""
-        errors = self._replies.errors
-        replies = [await self.next_reply(deadline)]
-        for _ in range(count - 1):
-            replies.append(await self.next_reply(None))
-        self.errors = self._replies.errors != errors
+        stream = self._stream
+        if stream is None:
+            raise RedisConnectionError(f"the connection to redis {self.spec.label} is closed")
+        parser = self._replies
+        errors = parser.errors
+        replies: list[Any] = []
+        parser.take(count, replies)
+        while len(replies) < count:
+            parser.feed(await stream.recv(None if replies else deadline))
+            parser.take(count, replies)
+        self.errors = parser.errors != errors
         if self.errors:
             for reply in replies:
                 if isinstance(reply, RedisConnectionError):
                     raise reply
-        if self._replies.pending():
+        if parser.pending():
             raise InvalidResponse(f"redis {self.spec.label} sent more than was asked for")
         self._used = time.monotonic()
         return replies

@@ -82,22 +82,25 @@ class AsyncNode:
                 self.pool.release(conn)
                 raise
         try:
-            hello: list[tuple[Any, ...]] = []
+            data = payload or pack_calls(calls)
+            hello = 0
             if conn.fresh:
                 conn.fresh = False
-                hello = hello_commands(self.state)
+                commands = hello_commands(self.state)
                 # Check before anything runs: a refused server must not take locks, and a lock write must never
                 # reach a replica that a Sentinel still named as the master.
                 if self.state.strict or self.state.require_master:
-                    await conn.send(pack(hello))
-                    apply_hello(self.state, await conn.read(len(hello), time.monotonic() + self.spec.options.timeout))
-                    hello = []
-            await conn.send(pack(hello) + (payload or pack_calls(calls)))
+                    await conn.send(pack(commands))
+                    deadline = time.monotonic() + self.spec.options.timeout
+                    apply_hello(self.state, await conn.read(len(commands), deadline))
+                else:
+                    data, hello = pack(commands) + data, len(commands)
+            await conn.send(data)
         except BaseException:
             conn.drop()
             self.pool.release(conn)
             raise
-        return Pending(conn, calls, len(hello))
+        return Pending(conn, calls, hello)
 
     async def receive(self, pending: Pending, deadline: float) -> list[Any]:
         """The replies of ``pending``'s calls; the first may wait until ``deadline`` (monotonic, shared by a
@@ -105,10 +108,11 @@ class AsyncNode:
         conn = pending.conn
         ok = False
         try:
-            replies = await conn.read(pending.hello + len(pending.calls), deadline)
-            if pending.hello:
-                apply_hello(self.state, replies[: pending.hello])
-            replies = replies[pending.hello :]
+            hello = pending.hello
+            replies = await conn.read(hello + len(pending.calls), deadline)
+            if hello:
+                apply_hello(self.state, replies[:hello])
+                replies = replies[hello:]
             # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most reads)
             redo, commands = reload_plan(pending.calls, replies) if conn.errors else ([], [])
             if redo:
