@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import signal
 import threading
@@ -333,3 +334,39 @@ def test_c10_a_fan_out_interrupted_while_a_master_is_paused_gives_back_every_con
     finally:
         signal.signal(signal.SIGALRM, previous)
         driver.close()
+
+
+def test_a_forked_child_waits_on_redlock_as_a_client_of_its_own(redlock_servers: RedlockServers) -> None:
+    """A child made by os.fork while the parent's hubs still listen on a lock's channel (a wait just ended:
+    the subscription lingers) must not pass for its parent: it has no hub thread, so a wait trusting the
+    parent's subscription would sleep until the holder's expiry. It starts with hubs and pools of its own (an
+    at-fork hook tells the driver, with no getpid per acquire) and is woken by the release."""
+    n = name()
+    with lockkit.connect(redlock_servers.url) as locks, lockkit.connect(redlock_servers.url) as other:
+        holder = other.lock(n, ttl=10)
+        holder.acquire()
+        threading.Timer(0.2, holder.release).start()
+        waited = locks.lock(n, ttl=10)
+        waited.acquire(timeout=5)  # a wait: this client's hubs listen on n's channel (for a while after, too)
+        waited.release()
+        holder.acquire()
+        pid = os.fork()
+        if pid == 0:  # the child: wait on the parent's locker; exit code 2 if the release did not wake it
+            code = 1
+            try:
+                started = time.monotonic()
+                mine = locks.lock(n, ttl=10)
+                mine.acquire(timeout=8)
+                code = 0 if time.monotonic() - started < 3 else 2
+                mine.release()
+            finally:
+                os._exit(code)
+        try:
+            time.sleep(0.5)  # the child subscribes and waits
+            holder.release()
+        finally:
+            _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child was not woken by the release"
+        again = locks.lock(n, ttl=5)
+        again.acquire(timeout=5)  # the parent's connections and hubs still work
+        again.release()

@@ -7,8 +7,7 @@ which build calls) share these; the nodes only move the bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError
 
@@ -17,9 +16,9 @@ from .scripts import Script
 __all__ = ["Call", "pack", "pack_calls", "reload_plan"]
 
 
-@dataclass(frozen=True)
-class Call:
-    """One command: a script by SHA with its KEYS and ARGV, or a plain command (``script=None``)."""
+class Call(NamedTuple):
+    """One command: a script by SHA with its KEYS and ARGV, or a plain command (``script=None``). A named
+    tuple: immutable, and made in a third of a frozen dataclass's time (several per lock operation)."""
 
     script: Script | None
     keys: tuple[bytes, ...] = ()

@@ -11,7 +11,6 @@ This file is the source of the blocking :class:`RedlockDriver` too: ``scripts/un
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -27,7 +26,7 @@ from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..errors import refused_logins
 from ..flow import YIELD_MIN, YIELD_ROUNDS, Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
-from ..hub import Hub
+from ..hub import Hub, forks
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ..quorum import NodeResult, count_ok, count_repeated_misses, others_woken, quorum, tally_renew
@@ -70,8 +69,8 @@ class RedlockDriver:
         self._nodes = [SyncNode(spec) for spec in specs]
         self._background = Background("lockkit-redlock-pubsub")
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
-        self._pid = os.getpid()
-        """The process the hubs belong to (see Hub.own_process)."""
+        self._forks = forks()
+        """The process the hubs belong to, as :func:`..hub.forks` counts it (see Hub.own_process)."""
         self._yields: dict[str, float] = {}
         """Per lock this client released while another client waited for it: until when (on ``clock``) its next
         acquire lets the waiter have it (flow.YIELD_ROUNDS)."""
@@ -180,11 +179,10 @@ class RedlockDriver:
             until = self._yields.pop(name, None)
             if until is not None:
                 pause = until - self.clock()
-        pid = os.getpid()
-        if pid != self._pid:  # forked since the hubs last looked (one check here, not one per master)
+        if forks() != self._forks:  # forked since the hubs last looked (one check here, not one per master)
             for hub in self._hubs:
                 hub.own_process()
-            self._pid = pid
+            self._forks = forks()
         # made before the first attempt: its snapshot of the hubs must predate it
         watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel)
 
