@@ -80,7 +80,8 @@ class Replies:
         """Error replies parsed so far (at any depth): a reader that saw none skips looking for them."""
 
     def feed(self, data: bytes) -> None:
-        self.buf = self.buf[self.pos :] + data if self.pos < len(self.buf) else data
+        pos = self.pos
+        self.buf = self.buf[pos:] + data if pos < len(self.buf) else data
         self.pos = 0
 
     def pending(self) -> bool:
@@ -101,15 +102,17 @@ class Replies:
     def take(self, count: int, into: list[Any]) -> None:
         """Move complete replies to ``into`` until it holds ``count`` or the next has not arrived in full (a
         reader's loop in one call: issue 17, every master's every reply comes through here)."""
-        while len(into) < count:
+        buf, left = self.buf, count - len(into)
+        while left > 0:
             start = self.pos
-            if start >= len(self.buf):
+            if start >= len(buf):
                 return
             try:
                 into.append(self._reply())
             except _Short:
                 self.pos = start
                 return
+            left -= 1
 
     def _reply(self) -> Any:
         buf, pos = self.buf, self.pos

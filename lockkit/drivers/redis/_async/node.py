@@ -105,27 +105,25 @@ class AsyncNode:
     async def receive(self, pending: Pending, deadline: float) -> list[Any]:
         """The replies of ``pending``'s calls; the first may wait until ``deadline`` (monotonic, shared by a
         fan-out). Error replies come back as exception objects."""
-        conn = pending.conn
-        ok = False
+        conn, calls, hello = pending.conn, pending.calls, pending.hello
         try:
-            hello = pending.hello
-            replies = await conn.read(hello + len(pending.calls), deadline)
+            replies = await conn.read(hello + len(calls), deadline)
             if hello:
                 apply_hello(self.state, replies[:hello])
                 replies = replies[hello:]
-            # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most reads)
-            redo, commands = reload_plan(pending.calls, replies) if conn.errors else ([], [])
-            if redo:
-                await conn.send(pack(commands))
-                again = await conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
-                for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
-                    replies[index] = reply
-            ok = True
-            return replies
-        finally:
-            if not ok:
-                conn.drop()
+            if conn.errors:  # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most)
+                redo, commands = reload_plan(calls, replies)
+                if redo:
+                    await conn.send(pack(commands))
+                    again = await conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
+                    for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
+                        replies[index] = reply
+        except BaseException:
+            conn.drop()
             self.pool.release(conn)
+            raise
+        self.pool.release(conn)
+        return replies
 
     async def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
         if idempotent:

@@ -130,7 +130,8 @@ class Connection:
         parser = self._replies
         errors = parser.errors
         replies: list[Any] = []
-        parser.take(count, replies)
+        if parser.pos < len(parser.buf):  # bytes left by next_reply (a read leaves none): replies already here
+            parser.take(count, replies)
         while len(replies) < count:
             parser.feed(stream.recv(None if replies else deadline))
             parser.take(count, replies)
@@ -139,7 +140,7 @@ class Connection:
             for reply in replies:
                 if isinstance(reply, RedisConnectionError):
                     raise reply
-        if parser.pending():
+        if parser.pos < len(parser.buf):
             raise InvalidResponse(f"redis {self.spec.label} sent more than was asked for")
         self._used = time.monotonic()
         return replies
@@ -175,6 +176,7 @@ class Connection:
             stream.close()
 
 
-def stale_connections(conns: Sequence[Connection]) -> list[bool]:
-    """Per connection, whether :meth:`Connection.ready` must reconnect it: one look at all of them."""
-    return stale_all([conn._stream for conn in conns])
+def stale_connections(conns: Sequence[Connection | BaseException]) -> list[bool]:
+    """Per connection, whether :meth:`Connection.ready` must reconnect it: one look at all of them (an
+    exception in the place of a connection, one a fan-out could not check out, is reported stale)."""
+    return stale_all([None if isinstance(conn, BaseException) else conn._stream for conn in conns])

@@ -96,17 +96,16 @@ class RedlockDriver:
                     conns.append(exc)
             # One look at every connection for one that the server closed while it sat idle (one system call
             # on the blocking face, not one per master), before anything is sent on any of them.
-            flags = iter(stale_connections([conn for conn in conns if not isinstance(conn, BaseException)]))
-            for index, (node, conn) in enumerate(zip(nodes, conns, strict=True)):
+            stale = stale_connections(conns)
+            for current, node in enumerate(nodes):  # write to every master before reading any reply
+                conn = conns[current]
                 if isinstance(conn, BaseException):
                     pending.append(conn)
                     continue
-                current = index
-                try:  # write to every master before reading any reply
-                    pending.append(node.send(calls, payload, conn, next(flags)))
+                try:
+                    pending.append(node.send(calls, payload, conn, stale[current]))
                 except (RedisError, OSError) as exc:
                     pending.append(exc)
-                current = -1
         except BaseException:  # interrupted (a signal, a cancel): no connection stays checked out
             for index, (node, conn) in enumerate(zip(nodes, conns, strict=False)):
                 item = pending[index] if index < len(pending) else conn
@@ -116,15 +115,11 @@ class RedlockDriver:
         deadline = time.monotonic() + self.options.timeout
         results: list[NodeResult] = []
         failed = False
-        for index, (node, sent) in enumerate(zip(nodes, pending, strict=True)):
+        for index, sent in enumerate(pending):
+            node = nodes[index]
             repeated = False
             replies: list[Any] | BaseException
-            if isinstance(sent, BaseException):  # nothing was sent: no reply to wait for
-                replies = sent
-                if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
-                    with contextlib.suppress(RedisError, OSError):
-                        replies = node.run(calls, False)
-            else:
+            if not isinstance(sent, BaseException):
                 try:
                     replies = node.receive(sent, deadline)
                 except RedisConnectionError as exc:
@@ -140,6 +135,11 @@ class RedlockDriver:
                         if not isinstance(item, BaseException):
                             later.abandon(item)
                     raise
+            else:  # nothing was sent: no reply to wait for
+                replies = sent
+                if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
+                    with contextlib.suppress(RedisError, OSError):
+                        replies = node.run(calls, False)
             failed = failed or isinstance(replies, BaseException)
             results.append(NodeResult(replies, node.state.epoch, repeated))
         if failed:  # only a failed master can have refused the login
