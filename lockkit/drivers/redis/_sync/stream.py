@@ -5,8 +5,8 @@ On Linux a plain (not TLS) socket is a *blocking* socket whose timeouts the kern
 ``SO_SNDTIMEO``): a socket with a Python-level timeout polls before every ``send`` and ``recv`` (CPython's
 ``sock_call``), which was 2 of the 5 system calls per master per command of a Redlock fan-out (issue 17,
 docs/benchmarks.md). A read that times out in the kernel fails with ``EAGAIN``, raised here as the same
-``TimeoutError`` as before. TLS sockets, and other systems (whose ``struct timeval`` layouts differ), keep
-Python's timeout.
+``TimeoutError`` as before. TLS sockets, sockets of a class that is not the standard library's (a
+monkey-patched one), and other systems (whose ``struct timeval`` layouts differ) keep Python's timeout.
 
 A socket keeps the operation ``timeout`` it was given at connect; a read whose caller's deadline is nearer
 (a Redlock fan-out reads every master against one deadline) sets a timeout of its own and puts the socket's
@@ -19,6 +19,7 @@ connection, which also fails for a descriptor above 1023).
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import math
 import os
@@ -58,7 +59,10 @@ class Stream:
     def __init__(self, sock: socket.socket, timeout: float, label: str) -> None:
         self._sock, self._timeout, self._label = sock, timeout, label
         self._pid = os.getpid()
-        self._kernel = _KERNEL_TIMEOUTS and not isinstance(sock, ssl.SSLSocket)
+        # Only the standard library's own plain socket: a TLS socket's reads are the ssl module's, and a socket
+        # class that wraps another (gevent's and eventlet's monkey-patched ones) times calls out itself and
+        # would wait for ever on a blocking one.
+        self._kernel = _KERNEL_TIMEOUTS and isinstance(sock, _socket.socket) and not isinstance(sock, ssl.SSLSocket)
         self._timeval = _timeval(timeout)
         if self._kernel:
             sock.settimeout(None)  # blocking: no poll before each call; the kernel times the call out instead
