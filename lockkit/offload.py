@@ -179,7 +179,10 @@ class _Lane:
                 continue  # a call came just as we timed out: it counted on us
             if call is None:  # closed
                 return
-            call.run()
+            try:
+                call.run()
+            except Exception:  # a failure of ours, not the call's (that one goes to its caller): keep the thread
+                log.exception("lockkit: the offload adapter failed to hand a call's outcome back")
             del call
             with mutex:
                 self.idle += 1
