@@ -53,6 +53,7 @@ def _bounded_shrinking(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", SHRINK_SECONDS)
 
+
 # postgresql:// is bound in tests/test_postgres_model.py. Sentinel and Cluster have no restart rule: restarting a
 # master is a failover (R-6 and S-20 cover it), not a restart that keeps data.
 KINDS = ["memory", "file", "redis", "redlock", "sentinel", "cluster", "zookeeper", "etcd"]
