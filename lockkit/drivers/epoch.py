@@ -66,11 +66,20 @@ def parse_epoch(raw: str, where: str) -> int:
     return int(raw)
 
 
-def check_fencing(guarantees: Guarantees, scheme: str, where: str) -> None:
+def check_fencing(guarantees: Guarantees, scheme: str, where: str, *, own_epoch: bool = False) -> None:
+    """Refuse ``fencing_epoch`` on a driver without tokens, or whose tokens already carry an epoch of their own
+    (``own_epoch``: redis+sentinel:// and redis+cluster:// lift theirs by the master's config epoch, so a second
+    lift would not fit in 64 bits and every grant after the first failover would fail)."""
     if guarantees.fencing == "none":
         raise ConfigError(
             f"{where} sets {OPTION}, but the {scheme}:// driver hands out no fencing tokens to lift; "
             "remove the option (or use a driver with fencing)"
+        )
+    if own_epoch:
+        raise ConfigError(
+            f"{where} sets {OPTION}, but the {scheme}:// driver's tokens already carry an epoch of their own "
+            "(the master's config epoch, which rises at every failover); remove the option: its tokens outrank "
+            "a single-node backend's already"
         )
 
 
