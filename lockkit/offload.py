@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 from .driver import Cancel, Driver, Grant, Guarantees, HolderInfo, RenewRequest
 from .errors import BackendUnavailable
 
-__all__ = ["ThreadOffloadDriver"]
+__all__ = ["Offload", "ThreadOffloadDriver"]
 
 log = logging.getLogger("lockkit")
 T = TypeVar("T")
@@ -217,37 +217,30 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class ThreadOffloadDriver:
-    """Runs a blocking driver's calls in worker threads so an event loop never blocks."""
+class Offload:
+    """The two lanes of one adapter and the two ways through them: :meth:`run` for a call that answers promptly,
+    :meth:`wait` for an acquire (one that may block until granted, and whose grant a cancellation must give
+    back). :class:`ThreadOffloadDriver` runs locks through one, :class:`lockkit.permits.OffloadPermits`
+    permits through another."""
 
-    guarantees: ClassVar[Guarantees]
-    finish_inline: ClassVar[bool] = True
-    """Its calls await a thread's answer and never cancel their own task: an asyncio release or renew runs in
-    the caller's task until a cancellation arrives (``lockkit._async.cancel_safe``; issue 17)."""
+    def __init__(self, label: str, max_threads: int = MAX_OFFLOAD_THREADS) -> None:
+        self._waits = _Lane(f"{label}-acquire", max_threads)
+        self._calls = _Lane(label, MAX_CALL_THREADS)
 
-    def __init__(self, driver: Driver, max_threads: int = MAX_OFFLOAD_THREADS) -> None:
-        self.sync = driver
-        self.guarantees = driver.guarantees  # type: ignore[misc]  # per instance: mirrors the wrapped class
-        self._waits = _Lane("offload-acquire", max_threads)
-        self._calls = _Lane("offload", MAX_CALL_THREADS)
-
-    def _run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._calls.submit(_Call(fn, args, loop, future))
         return future
 
-    async def acquire(
-        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
-    ) -> Grant | None:
-        # Our own signal, fired by the task's cancellation or by the caller's ``cancel``: cancelling the task
-        # must not fire a Cancel the caller may share with other calls.
-        stop = Cancel()
-        unhook = cancel.on_cancel(stop.cancel) if cancel is not None else None
+    async def wait(
+        self, fn: Callable[..., T | None], args: tuple[Any, ...], stop: Cancel, give_back: Callable[[], object]
+    ) -> T | None:
+        """``fn(*args)`` in the acquire lane; ``stop`` is the Cancel among ``args`` that ends its wait, and
+        ``give_back()`` (run in a worker, logged if it fails) releases what a cancelled call was granted."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Grant | None] = loop.create_future()
-        call = _Call(self.sync.acquire, (name, token, ttl, deadline, stop), loop, future,
-                     lambda grant: self._release_unclaimed(grant, name, token))  # fmt: skip
+        future: asyncio.Future[T | None] = loop.create_future()
+        call = _Call(fn, args, loop, future, lambda grant: self._give_back(grant, give_back))
         try:
             self._waits.submit(call)
             # Not shielded (a shield costs a future and a turn of the loop per call): a cancelled await
@@ -263,19 +256,50 @@ class ThreadOffloadDriver:
                     call.answer.pop()
                 except IndexError:  # it answered (finished) already: its outcome is here to clean up
                     if call.error is None and call.result is not None:
-                        self._calls.submit(_Call(self.sync.release, (name, token), None, None))
+                        self._calls.submit(_Call(self._give_back, (call.result, give_back), None, None))
             raise
-        finally:
-            if unhook is not None:
-                unhook()
 
-    def _release_unclaimed(self, grant: Grant | None, name: str, token: str) -> None:
+    @staticmethod
+    def _give_back(grant: object, give_back: Callable[[], object]) -> None:
         if grant is None:
             return
         try:
-            self.sync.release(name, token)
-        except Exception:  # logged: the lock then frees when its TTL passes
-            log.warning("lockkit: could not release a lock granted to a cancelled acquire", exc_info=True)
+            give_back()
+        except Exception:  # logged: the lock or permit then frees when its TTL passes
+            log.warning("lockkit: could not give back what a cancelled acquire was granted", exc_info=True)
+
+    def close(self) -> None:
+        self._waits.close()
+        self._calls.close()
+
+
+class ThreadOffloadDriver:
+    """Runs a blocking driver's calls in worker threads so an event loop never blocks."""
+
+    guarantees: ClassVar[Guarantees]
+    finish_inline: ClassVar[bool] = True
+    """Its calls await a thread's answer and never cancel their own task: an asyncio release or renew runs in
+    the caller's task until a cancellation arrives (``lockkit._async.cancel_safe``; issue 17)."""
+
+    def __init__(self, driver: Driver, max_threads: int = MAX_OFFLOAD_THREADS) -> None:
+        self.sync = driver
+        self.guarantees = driver.guarantees  # type: ignore[misc]  # per instance: mirrors the wrapped class
+        self._offload = Offload("offload", max_threads)
+        self._run = self._offload.run
+
+    async def acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        # Our own signal, fired by the task's cancellation or by the caller's ``cancel``: cancelling the task
+        # must not fire a Cancel the caller may share with other calls.
+        stop = Cancel()
+        unhook = cancel.on_cancel(stop.cancel) if cancel is not None else None
+        try:
+            args = (name, token, ttl, deadline, stop)
+            return await self._offload.wait(self.sync.acquire, args, stop, lambda: self.sync.release(name, token))
+        finally:
+            if unhook is not None:
+                unhook()
 
     async def renew(self, name: str, token: str, ttl: float) -> Grant | None:
         return await self._run(self.sync.renew, name, token, ttl)
@@ -299,5 +323,4 @@ class ThreadOffloadDriver:
         try:
             await self._run(self.sync.close)
         finally:
-            self._waits.close()
-            self._calls.close()
+            self._offload.close()

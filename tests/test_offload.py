@@ -103,17 +103,17 @@ async def test_a_cancelled_acquire_no_thread_started_is_never_sent() -> None:
 
 async def test_idle_threads_end_and_new_calls_start_fresh_ones() -> None:
     adapter = ThreadOffloadDriver(_memory_driver())
-    adapter._calls.idle_seconds = adapter._waits.idle_seconds = 0.05
+    adapter._offload._calls.idle_seconds = adapter._offload._waits.idle_seconds = 0.05
     try:
         for round_ in range(3):
             grants = await asyncio.gather(*(adapter.acquire(f"n{round_}-{i}", "t" * 32, 60, None) for i in range(5)))
             assert all(grants)
             assert all(await asyncio.gather(*(adapter.release(f"n{round_}-{i}", "t" * 32) for i in range(5))))
             deadline = time.monotonic() + 5
-            while (adapter._calls.threads or adapter._waits.threads) and time.monotonic() < deadline:
+            while (adapter._offload._calls.threads or adapter._offload._waits.threads) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-            assert (adapter._calls.threads, adapter._waits.threads) == (0, 0)
-            assert (adapter._calls.idle, adapter._waits.idle) == (0, 0)
+            assert (adapter._offload._calls.threads, adapter._offload._waits.threads) == (0, 0)
+            assert (adapter._offload._calls.idle, adapter._offload._waits.idle) == (0, 0)
     finally:
         await adapter.close()
 
