@@ -5,6 +5,7 @@
     .venv/bin/python -m benchmarks --only redis    # one driver
 
     .venv/bin/python -m benchmarks --only async    # the asyncio faces against asyncio floors (bench_async.py)
+    .venv/bin/python -m benchmarks --only semaphores  # semaphores and rwlocks against the mutex
 
 Each benchmark starts its own throw-away servers on loopback, measures the raw floor in the same run and
 prints medians and ratios. The output replaces the text between ``<!-- measured:begin -->`` and
@@ -32,6 +33,9 @@ QUICK = {
     "growth": ["--quick", "--no-plot", "--json", os.devnull],  # the full run rewrites docs/images/growth-*.png
     "postgres": ["--rounds", "300", "--many", "1000", "--hold", "2", "--contend", "2"],
     "redis_ha": ["--ops", "100", "--rounds", "3", "--kills", "1"],  # bench_redis_ha.py: Sentinel and Cluster
+    "semaphores": ["--rounds", "200", "--contend", "1", "--limits", "1,2"],  # against the mutex (issue 18)
+    # the full run rewrites docs/images/semaphore-scaling.png and benchmarks/results/semaphore_scaling.json
+    "semaphore_scaling": ["--limits", "1,4", "--seconds", "1", "--runs", "1", "--no-plot", "--json", os.devnull],
 }
 COMPARE_QUICK = ["--quick"]
 

@@ -9,8 +9,6 @@ that says whether it is "not yet" or "never" and why, before any server is asked
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 from collections.abc import Sequence
 from typing import Any, cast
@@ -27,7 +25,7 @@ from .driver import (
     RenewRequest,
 )
 from .errors import ConfigError
-from .offload import ThreadOffloadDriver
+from .offload import MAX_OFFLOAD_THREADS, Offload, ThreadOffloadDriver
 
 __all__ = ["OffloadPermits", "async_permits", "check_offered", "offering_schemes", "sync_permits"]
 
@@ -86,15 +84,17 @@ def async_permits(driver: Any, backend: str, events: LeaseEvents | None = None) 
 
 
 class OffloadPermits:
-    """A blocking :class:`PermitDriver` for the asyncio face: calls run in worker threads (as
-    :class:`~lockkit.offload.ThreadOffloadDriver` runs locks), and a cancelled acquire cleans up."""
+    """A blocking :class:`PermitDriver` for the asyncio face: calls run in worker threads of its own
+    :class:`~lockkit.offload.Offload`, as :class:`~lockkit.offload.ThreadOffloadDriver` runs locks (a release
+    never queues behind blocked acquires, a forked child starts threads of its own), and a cancelled acquire
+    gives back what it was granted."""
 
-    def __init__(self, sync: PermitDriver, max_threads: int = 256) -> None:
+    def __init__(self, sync: PermitDriver, max_threads: int = MAX_OFFLOAD_THREADS) -> None:
         self.sync = sync
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="lockkit-permit")
+        self._offload = Offload("permit", max_threads)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+        return await self._offload.run(fn, *args)
 
     async def acquire_permit(
         self,
@@ -108,24 +108,14 @@ class OffloadPermits:
     ) -> Grant | None:
         stop = Cancel()
         unhook = cancel.on_cancel(stop.cancel) if cancel is not None else None
-        future = self._pool.submit(self.sync.acquire_permit, name, token, ttl, deadline, limit, mode, stop)
         try:
-            return await asyncio.shield(asyncio.wrap_future(future))
-        except asyncio.CancelledError:
-            stop.cancel()
-            future.add_done_callback(lambda done: self._release_if_granted(done, name, token))
-            raise
+            args = (name, token, ttl, deadline, limit, mode, stop)
+            return await self._offload.wait(
+                self.sync.acquire_permit, args, stop, lambda: self.sync.release_permit(name, token)
+            )
         finally:
             if unhook is not None:
                 unhook()
-
-    def _release_if_granted(self, done: concurrent.futures.Future[Grant | None], name: str, token: str) -> None:
-        if done.cancelled() or done.exception() is not None or done.result() is None:
-            return
-        try:
-            self.sync.release_permit(name, token)
-        except Exception:  # logged: the permit then lapses when its TTL passes
-            log.warning("lockkit: could not release a permit granted to a cancelled acquire", exc_info=True)
 
     async def renew_permits(self, requests: Sequence[RenewRequest]) -> list[Grant | Exception | None]:
         return cast("list[Grant | Exception | None]", await self._run(self.sync.renew_permits, requests))
@@ -141,6 +131,8 @@ class OffloadPermits:
 
     async def close(self) -> None:
         close = getattr(self.sync, "close", None)
-        if close is not None:  # a driver's own permit sessions (etcd)
-            await self._run(close)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            if close is not None:  # a driver's own permit sessions (etcd)
+                await self._run(close)
+        finally:
+            self._offload.close()

@@ -6,7 +6,8 @@ so ``import lockkit`` stays light. A third-party driver registers a class with
 entry-point group ``lockkit.drivers``, with the scheme as the entry's name.
 
 One option is lockkit's own, for every driver with fencing: ``fencing_epoch`` (URL query or config key) is
-taken off the URL here and wraps the driver in :mod:`lockkit.drivers.epoch`, so no driver needs to know it.
+taken off the URL here and wraps the driver in :mod:`lockkit.drivers.epoch`, so no driver needs to know it
+(refused where the driver hands out no tokens, or tokens that carry an epoch of their own: Sentinel, Cluster).
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def _factory(url: BackendURL) -> tuple[DriverFactory, int, BackendURL]:
     if epoch:
         from .drivers.epoch import check_fencing
 
-        check_fencing(factory.guarantees, url.scheme, f"{url}:")
+        own_epoch = bool(getattr(factory, "tokens_carry_epoch", False))
+        check_fencing(factory.guarantees, url.scheme, f"{url}:", own_epoch=own_epoch)
     return factory, epoch, url
 
 

@@ -444,6 +444,20 @@ def test_fencing_epoch_needs_fencing_and_no_migration(tmp_path: Path) -> None:
         lockkit.from_config(path)
 
 
+@pytest.mark.parametrize("scheme", ["redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"])
+def test_fencing_epoch_is_refused_where_tokens_carry_their_own(tmp_path: Path, scheme: str) -> None:
+    """Sentinel and Cluster lift their tokens by the master's config epoch: a second lift would overflow after the
+    first failover (every grant then raised LockError). Refused at load, URL option or config key, before any
+    connection (nothing listens on these ports)."""
+    base = f"{scheme}://127.0.0.1:1,127.0.0.1:2/" + ("mymaster" if "sentinel" in scheme else "")
+    with pytest.raises(ConfigError, match=r"fencing_epoch.*already carry an epoch of their own"):
+        lockkit.connect(f"{base}?fencing_epoch=1")
+    path = tmp_path / "ha.toml"
+    path.write_text(f'[backends.main]\nurl = "{base}"\nfencing_epoch = 2\n')
+    with pytest.raises(ConfigError, match="already carry an epoch of their own"):
+        lockkit.from_config(path)
+
+
 def test_leases_never_released_do_not_pile_up(tmp_path: Path, lockers: Callable[[Any], lockkit.Locker]) -> None:
     """Review finding: the migrate driver kept the token of every lease that was never released, forever."""
     from lockkit.drivers.migrate import PRUNE_AT, MigrateDriver

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from backends.servers import EtcdServer, RedisServer, RedlockServers, ZooKeeperServer
+from backends.servers import EtcdServer, RedisCluster, RedisServer, RedlockServers, SentinelSet, ZooKeeperServer
 from lockkit.testing.model import ModelTarget, machine_for
 
 EXAMPLES = int(os.environ.get("LOCKKIT_MODEL_EXAMPLES", "4"))
@@ -53,7 +53,10 @@ def _bounded_shrinking(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", SHRINK_SECONDS)
 
-KINDS = ["memory", "file", "redis", "redlock", "zookeeper", "etcd"]
+
+# postgresql:// is bound in tests/test_postgres_model.py. Sentinel and Cluster have no restart rule: restarting a
+# master is a failover (R-6 and S-20 cover it), not a restart that keeps data.
+KINDS = ["memory", "file", "redis", "redlock", "sentinel", "cluster", "zookeeper", "etcd"]
 FACES = ["sync", "async"]
 
 
@@ -86,6 +89,12 @@ def _url(kind: str, request: pytest.FixtureRequest) -> Callable[[Path], str]:
     if kind == "redlock":
         redlock: RedlockServers = request.getfixturevalue("redlock_servers")
         return lambda _: redlock.url
+    if kind == "sentinel":
+        sentinels: SentinelSet = request.getfixturevalue("sentinel_set")
+        return lambda _: sentinels.url
+    if kind == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return lambda _: cluster.url
     if kind == "zookeeper":
         zk: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
         return lambda _: f"{zk.url}/model-{uuid.uuid4().hex[:8]}?session_timeout={ZK_SESSION}"

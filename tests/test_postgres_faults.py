@@ -228,6 +228,20 @@ def test_p5_role_with_the_documented_rights(postgres_server: PostgresServer) -> 
         locks.lock(name, ttl=5).acquire(timeout=5)
 
 
+def test_p5_permit_table_right_missing_is_named(postgres_server: PostgresServer) -> None:
+    """A role with the lock table's rights only: a semaphore is refused with a ConfigError that names the permit
+    table's rights too (it named the lock table's alone, which the role had)."""
+    permits = f"permits_{uuid.uuid4().hex[:8]}"
+    postgres_server.psql(
+        f"CREATE TABLE {permits} (namespace text NOT NULL, name text NOT NULL, lim integer NOT NULL, "
+        "fence bigint NOT NULL, PRIMARY KEY (namespace, name))"
+    )
+    url = _role(postgres_server, "SELECT 1") + f"?permit_table={permits}"
+    with lockkit.connect(url) as locks, pytest.raises(ConfigError, match="permission denied") as refused:
+        locks.semaphore(_name(), limit=2, ttl=5).acquire(timeout=5)
+    assert "permit table" in str(refused.value) and "SELECT, INSERT, UPDATE" in str(refused.value)
+
+
 def test_p6_standby_and_read_only_refused(fresh_postgres) -> None:  # type: ignore[no-untyped-def]
     primary = fresh_postgres()
     standby = fresh_postgres(standby_of=primary)

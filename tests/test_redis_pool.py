@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
+import struct
+import sys
 import threading
 import time
 import uuid
@@ -338,3 +342,121 @@ async def test_unix_socket_async(unix_redis: Path) -> None:
         await asyncio.sleep(0.2)
         await lock.release()
         assert (await waiter).fencing_token >= 2
+
+
+# -- the blocking transport's system calls and limits (issue 17) ----------------------------------------------------
+
+
+def _held_in_another_thread(lock: Any) -> tuple[threading.Event, threading.Event, threading.Thread]:
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(5)
+    return held, done, thread
+
+
+def test_a_forked_child_gets_a_connection_though_another_parent_thread_held_the_pool(
+    pool_for: tuple[ConnectionPool, redis.Redis],
+) -> None:
+    """A pool's mutex held by another of the parent's threads at the fork stays held in the child for ever
+    (that thread does not exist there): the child must not wait for it, and still never reuse the parent's
+    socket."""
+    pool, _ = pool_for
+    conn = pool.get()
+    parent_id = call(conn, "CLIENT", "ID")
+    pool.release(conn)
+    _, done, thread = _held_in_another_thread(pool._mutex)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a pool.get that hangs is cut by the alarm (exit code 3)
+            code = 3
+            try:
+                signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
+                signal.alarm(5)
+                mine = pool.get()
+                code = 0 if mine is not conn and call(mine, "CLIENT", "ID") != parent_id else 1
+            except BaseException:
+                code = 2
+            os._exit(code)
+    finally:
+        done.set()
+        thread.join(5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    again = pool.get()
+    assert again is conn and call(again, "CLIENT", "ID") == parent_id
+    pool.release(again)
+
+
+def test_a_connection_on_a_descriptor_above_1023_is_checked_and_used(
+    pool_for: tuple[ConnectionPool, redis.Redis],
+) -> None:
+    """C-12's staleness check must work in a process with many files open: ``select`` refuses a descriptor
+    above 1023 (ValueError), ``poll`` does not."""
+    pool, admin = pool_for
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        conn = pool.get()  # made now: its socket gets a descriptor above the spare ones
+        try:
+            assert conn._stream is not None and conn._stream._sock.fileno() > 1023
+            conn_id = call(conn, "CLIENT", "ID")
+        finally:
+            pool.release(conn)
+        again = pool.get()  # checked for staleness (healthy)
+        assert again is conn and call(again, "CLIENT", "ID") == conn_id
+        pool.release(again)
+        assert admin.client_kill_filter(_id=conn_id) == 1
+        time.sleep(0.05)
+        again = pool.get()  # checked again: the server closed it, so it is replaced before use
+        assert call(again, "CLIENT", "ID") != conn_id
+        pool.release(again)
+    finally:
+        for fd in spare:
+            os.close(fd)
+        pool.disconnect()
+
+
+def test_a_tcp_connection_lets_the_kernel_time_its_reads_and_writes(redis_server: RedisServer) -> None:
+    """On Linux a plain socket is blocking with SO_RCVTIMEO/SO_SNDTIMEO, so that CPython polls before no
+    send or recv (2 system calls per master per command of a Redlock fan-out); its timeouts still hold (see
+    test_reader_times_out_at_the_callers_deadline and the write test below)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("kernel socket timeouts are used on Linux only")
+    conn = Connection(spec_for(redis_server.url + "?timeout=0.6"))
+    try:
+        conn.ready()
+        assert conn._stream is not None
+        sock = conn._stream._sock
+        assert sock.gettimeout() is None  # blocking: CPython calls recv/send directly
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            seconds, micros = struct.unpack("@ll", sock.getsockopt(socket.SOL_SOCKET, option, 16))
+            assert 0.59 <= seconds + micros / 1e6 <= 0.65
+        assert call(conn, "PING") == b"PONG"
+    finally:
+        conn.close()
+
+
+def test_c10_a_write_to_a_paused_server_times_out(fresh_redis: RedisFactory) -> None:
+    """C-10: a server that stops reading fills the socket buffers; the write fails with a timeout after about
+    the connection's own timeout, as before the kernel kept the timeouts."""
+    server = fresh_redis()
+    conn = Connection(spec_for(server.url + "?timeout=0.5"))
+    try:
+        conn.ready()
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(RedisTimeoutError, match="writing"):
+                conn.send(pack([("SET", "big", b"x" * (64 << 20))]))
+            took = time.monotonic() - started
+        finally:
+            server.resume()
+    finally:
+        conn.drop()
+    assert 0.4 <= took < 5, took

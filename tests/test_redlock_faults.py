@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import signal
 import threading
 import time
 import uuid
@@ -16,6 +18,9 @@ import lockkit
 from backends.pytest_fixtures import ProxyFactory, RedlockFactory
 from backends.servers import RedisServer, RedlockServers
 from lockkit import BackendUnavailable, ConfigError, LockLost
+from lockkit.driver import DriverContext
+from lockkit.drivers.redlock import RedlockDriver
+from lockkit.urls import parse_url
 
 SLACK = 0.25
 
@@ -265,3 +270,103 @@ async def test_c8_cancellation_storm_async(redlock_servers: RedlockServers) -> N
         await third.release()
         await asyncio.sleep(0.3)  # undo tasks of grants that raced a cancel
         assert not (await other.holder(name)).held
+
+
+def test_c12_a_fan_out_replaces_a_connection_one_master_closed_while_idle(redlock_servers: RedlockServers) -> None:
+    """C-12: a fan-out looks at all its pooled connections at once (one poll) before it sends anything; the one
+    that a master closed while it sat idle is replaced first, so that master takes part in the acquire (a plain,
+    non-idempotent SET) instead of counting as unreachable."""
+    driver = RedlockDriver.from_url(parse_url(redlock_servers.url + "?timeout=2"), DriverContext())
+    try:
+        n = name()
+        assert driver.acquire(n + "-warm", "t0", 5, None) is not None  # one pooled connection per master
+        assert driver.release(n + "-warm", "t0")
+        killed = raw(redlock_servers[2])
+        clients = killed.client_list()
+        for client in clients:  # every connection but this admin one: the driver's idle pooled one
+            if client["cmd"] != "client|list":
+                killed.client_kill_filter(_id=client["id"])
+        time.sleep(0.05)
+        assert driver.acquire(n, "t1", 5, None) is not None
+        assert [raw(server).get(lock_key(n)) for server in redlock_servers.servers] == [b"t1"] * 5
+        assert driver.release(n, "t1")
+        killed.close()
+    finally:
+        driver.close()
+
+
+def test_c10_a_fan_out_interrupted_while_a_master_is_paused_gives_back_every_connection(
+    fresh_redlock: RedlockFactory,
+) -> None:
+    """C-10: an exception (here a signal handler's) that interrupts a fan-out while it waits for a paused
+    master leaves no connection checked out: the later masters' unread replies are dropped with their
+    connections, which go back to their pools, so later calls neither run short of connections nor read
+    another call's replies."""
+    group = fresh_redlock()
+    driver = RedlockDriver.from_url(parse_url(group.url + "?timeout=3&pool_size=1"), DriverContext())
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        n = name()
+        assert driver.acquire(n + "-warm", "t0", 5, None) is not None
+        assert driver.release(n + "-warm", "t0")
+        group[0].pause()  # the first master read: the fan-out waits there, the other four replies unread
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                driver.acquire(n, "t1", 5, None)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            group[0].resume()
+        for node in driver._nodes:  # pool_size=1: a connection still checked out would make this wait, then fail
+            pool = node.pool
+            assert len(pool._idle) == len(pool._all) == 1
+        assert driver.release(n, "t1")  # the partial grant undone on every master
+        assert [raw(server).get(lock_key(n)) for server in group.servers] == [None] * 5
+        assert driver.acquire(n, "t2", 5, None) is not None
+        assert driver.release(n, "t2")
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        driver.close()
+
+
+def test_a_forked_child_waits_on_redlock_as_a_client_of_its_own(redlock_servers: RedlockServers) -> None:
+    """A child made by os.fork while the parent's hubs still listen on a lock's channel (a wait just ended:
+    the subscription lingers) must not pass for its parent: it has no hub thread, so a wait trusting the
+    parent's subscription would sleep until the holder's expiry. It starts with hubs and pools of its own (an
+    at-fork hook tells the driver, with no getpid per acquire) and is woken by the release."""
+    n = name()
+    with lockkit.connect(redlock_servers.url) as locks, lockkit.connect(redlock_servers.url) as other:
+        holder = other.lock(n, ttl=10)
+        holder.acquire()
+        threading.Timer(0.2, holder.release).start()
+        waited = locks.lock(n, ttl=10)
+        waited.acquire(timeout=5)  # a wait: this client's hubs listen on n's channel (for a while after, too)
+        waited.release()
+        holder.acquire()
+        pid = os.fork()
+        if pid == 0:  # the child: wait on the parent's locker; exit code 2 if the release did not wake it
+            code = 1
+            try:
+                started = time.monotonic()
+                mine = locks.lock(n, ttl=10)
+                mine.acquire(timeout=8)
+                code = 0 if time.monotonic() - started < 3 else 2
+                mine.release()
+            finally:
+                os._exit(code)
+        try:
+            time.sleep(0.5)  # the child subscribes and waits
+            holder.release()
+        finally:
+            _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child was not woken by the release"
+        again = locks.lock(n, ttl=5)
+        again.acquire(timeout=5)  # the parent's connections and hubs still work
+        again.release()

@@ -162,3 +162,17 @@ def test_lockkit_check_refuses_a_shadowed_route(tmp_path: Path) -> None:
     done = _lockkit("check", "--config", str(toml), cwd=tmp_path)
     assert done.returncode == 2
     assert "'payment:*' can never match" in done.stderr
+
+
+def test_lockkit_routes_refuses_a_requirement_the_backend_lacks(tmp_path: Path) -> None:
+    """docs/cli.md: a requirement the backend lacks makes `routes`, like every subcommand, exit 2 (it printed the
+    table and exited 0)."""
+    toml = tmp_path / "unmet.toml"
+    toml.write_text(
+        'default = "fast"\n[backends.fast]\nurl = "memory://x"\n'
+        '[routes]\n"export:*" = { backend = "fast", require = ["fifo"] }\n'
+    )
+    for args in (["routes"], ["routes", "export:1"], ["routes", "--json"], ["check"]):
+        done = _lockkit(*args, "--config", str(toml), cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert "'export:*' requires fifo, but backend 'fast' does not offer it" in done.stderr

@@ -85,3 +85,27 @@ def test_docs_table_matches_the_declared_offers() -> None:
     assert set(rows) == rows_expected | {"postgresql"}
     for scheme, offered in rows.items():
         assert _offer(scheme).offered == offered, scheme
+
+
+def test_wrappers_that_do_not_pass_permits_through_declare_it(tmp_path: Path) -> None:
+    """A fencing_epoch option and a migrate backend (any phase) declare permits "not yet" in their guarantees,
+    which ``Locker.guarantees()`` shows, and the refusal says what to configure instead (they declared the
+    wrapped driver's "yes" and then refused at the call)."""
+    epoch = {"default": "e", "backends": {"e": {"url": "memory://wrapped", "fencing_epoch": 1}}}
+    for phase in ("old", "both", "new"):
+        migrate = {
+            "default": "mig",
+            "backends": {
+                "a": {"url": (tmp_path / "a").as_uri()},
+                "b": {"url": (tmp_path / "b").as_uri()},
+                "mig": {"migrate": {"from": "a", "to": "b", "phase": phase}},
+            },
+        }
+        for config, why in ((epoch, "without fencing_epoch"), (migrate, "moves locks only")):
+            with lockkit.from_config(config) as locks:
+                offer = locks.guarantees()[config["default"]].semaphores
+                assert offer.offered == "not yet" and why in offer.why
+                with pytest.raises(lockkit.ConfigError, match=f"not yet: .*{why}"):
+                    locks.semaphore("s", limit=2).try_acquire()
+                with pytest.raises(lockkit.ConfigError, match=f"not yet: .*{why}"):
+                    locks.rwlock("s").write().try_acquire()

@@ -184,6 +184,38 @@ def test_S20_async_holder_follows_and_tokens_stay_monotonic(fresh_sentinel: Sent
     asyncio.run(main())
 
 
+@pytest.mark.slow
+def test_S21_async_permit_the_replica_never_received_reports_loss(fresh_sentinel: SentinelFactory) -> None:
+    """S-21 on the asyncio face: the grant the promoted replica never had is reported lost by the next renewal,
+    and the next grant there ranks above it."""
+    group = fresh_sentinel()
+    n = name()
+    replicas = [r for r in group.redis if r.address != group.master_address()]
+
+    async def main() -> None:
+        async with lockkit.connect_async(group.url + "?failover_wait=15") as locks:
+            await locks.semaphore("warm-up", limit=1, ttl=1, auto_renew=False).acquire(timeout=5)
+            semaphore = locks.semaphore(n, limit=1, ttl=30, auto_renew=False)
+            for replica in replicas:
+                replica.pause()
+            redis.Redis(*group.master().address).client_kill_filter(_type="replica")
+            try:
+                lost = await semaphore.acquire(timeout=5)
+                old = group.master_address()
+                group.kill_master()
+            finally:
+                for replica in replicas:
+                    replica.resume()
+            await asyncio.to_thread(group.wait_for_failover, old, timeout=FOLLOW)
+            with pytest.raises(lockkit.LockLost):
+                await semaphore.renew()
+            assert not lost.valid
+            async with locks.semaphore(n, limit=1, ttl=5, timeout=FOLLOW) as taken:
+                assert taken.fencing_token > lost.fencing_token
+
+    asyncio.run(main())
+
+
 def test_min_replicas_is_waited_for_by_permits_too(redis_server: RedisServer) -> None:
     """``min_replicas`` (every Redis scheme: here one server without replicas) makes a permit's grant WAIT for
     the replicas, as a lock's does: fewer acknowledgements give the permit back and raise, never a permit

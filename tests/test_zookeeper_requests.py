@@ -258,3 +258,78 @@ def test_a_release_sends_the_next_waiters_list_from_the_watch(zookeeper_server: 
         assert got and got[0].valid and got[0].fencing_token > holder.fencing_token
         assert len(lists) == 2 and lists[1] != "the-acquirer", lists  # one list per wake-up, sent by the watch
         queued.release()
+
+
+def _queue_behind(holder_side: lockkit.Locker, waiter_side: lockkit.Locker, name: str) -> tuple[Any, Any, Any]:
+    """The waiter's lock queued behind the holder's (its exists-watch on the holder's node answered)."""
+    held = holder_side.lock(name, ttl=5)
+    waiting = waiter_side.lock(name, ttl=5)
+    with waiting:  # the waiter's session has seen the parent: a plain create, no multi
+        pass
+    holder = held.acquire()
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiting.acquire(timeout=10)))
+    return held, holder, (waiting, thread, got)
+
+
+def test_a_woken_waiters_list_is_sent_on_kazoos_connection_thread(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """The predecessor's deletion is handled as the connection thread reads it: the list is queued there, ahead
+    of kazoo's hand-off of the event to its callback thread (lockkit/drivers/zookeeper/client.py,
+    ``_tell_deletions``), and the hand-off still costs the same five requests per acquire + release."""
+    url = f"{zookeeper_server.url}{chroot}"
+    name = f"wake-{uuid.uuid4().hex}"
+    with lockkit.connect(url) as holder_side, lockkit.connect(url) as waiter_side:
+        held, holder, (waiting, thread, got) = _queue_behind(holder_side, waiter_side, name)
+        kazoo = driver_of(waiter_side)._session.client()
+        sent: list[tuple[str, int]] = []
+        original = kazoo._call
+
+        def call(request: Any, result: Any) -> Any:
+            sent.append((type(request).__name__, threading.get_ident()))
+            return original(request, result)
+
+        kazoo._call = call
+        connection_thread = kazoo._connection._connection_routine  # (None once the client stops)
+        try:
+            thread.start()
+            deadline = time.monotonic() + 10
+            while not any(kind == "Exists" for kind, _ in sent) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # the exists-watch's reply: the waiter now waits for the deletion
+            held.release()
+            thread.join(10)
+            assert got and got[0].valid and got[0].fencing_token > holder.fencing_token
+            waiting.release()
+        finally:
+            kazoo._call = original
+    assert [kind for kind, _ in sent] == ["Create2", "GetChildren", "Exists", "GetChildren", "Delete"]
+    assert sent[3][1] == connection_thread.ident, "the list after the deletion was not sent by the connection thread"
+
+
+def test_a_deletion_hook_that_fails_leaves_the_watch_to_send_the_list(
+    zookeeper_server: ZooKeeperServer, chroot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook runs on the thread that keeps the session alive: what it raises is dropped there, the
+    connection stays up, and the predecessor's watch callback sends the list instead."""
+
+    def broken(self: ZooKeeperDriver, c: Any, sid: int) -> Callable[[], None]:
+        def fail() -> None:
+            raise RuntimeError("a hook that fails")
+
+        return fail
+
+    monkeypatch.setattr(ZooKeeperDriver, "_relist", broken)
+    url = f"{zookeeper_server.url}{chroot}"
+    name = f"wake-{uuid.uuid4().hex}"
+    with lockkit.connect(url) as holder_side, lockkit.connect(url) as waiter_side:
+        held, holder, (waiting, thread, got) = _queue_behind(holder_side, waiter_side, name)
+        thread.start()
+        time.sleep(0.3)
+        held.release()
+        thread.join(10)
+        assert got and got[0].valid and got[0].fencing_token > holder.fencing_token
+        waiting.release()
+        with waiter_side.lock(name, ttl=5) as again:  # the session survived the hook's failure
+            assert again.valid

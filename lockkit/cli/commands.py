@@ -219,9 +219,13 @@ def _cmd_release(args: argparse.Namespace) -> int:
 
 def _cmd_routes(args: argparse.Namespace) -> int:
     from ..registry import declared_guarantees
+    from ..routes import check_requirements
 
     settings = _settings(args)
     guarantees = declared_guarantees(settings)
+    # As every other subcommand does when it opens the locker (docs/cli.md): a requirement the backend lacks is a
+    # configuration error here too, not a table that looks fine.
+    check_requirements(settings.routes, guarantees, f"{settings.source}: [routes]")
     if args.json:
         print(json.dumps(_routes_json(settings, guarantees, args.names)))
         return 0

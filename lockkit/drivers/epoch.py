@@ -19,17 +19,34 @@ waiting and renewal are the wrapped driver's. Epoch 0 is the bare driver. The wr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from ..driver import Grant, Guarantees, HolderInfo
+from ..driver import Grant, Guarantees, HolderInfo, Offer
 from ..errors import ConfigError, LockError
 
-__all__ = ["EPOCH_SHIFT", "MAX_EPOCH", "composite_token", "lift", "lift_all", "lift_holder", "parse_epoch"]
+__all__ = [
+    "EPOCH_SHIFT", "MAX_EPOCH", "composite_token", "lift", "lift_all", "lift_holder", "parse_epoch", "without_permits",
+]  # fmt: skip
 
 EPOCH_SHIFT = 48
 MAX_EPOCH = (1 << (63 - EPOCH_SHIFT)) - 1
 """The largest epoch whose composite tokens still fit a signed 64-bit column (``BIGINT``)."""
 OPTION = "fencing_epoch"
+
+PERMITS_NOT_LIFTED = Offer(
+    "not yet",
+    "fencing_epoch lifts the tokens of locks only, not those of permits; for semaphores and reader-writer locks "
+    "configure a second backend entry for the same servers without fencing_epoch and route permit names to it",
+)
+
+
+def without_permits(guarantees: Guarantees) -> Guarantees:
+    """The wrapped driver's guarantees, with permits declared "not yet": the wrapper cannot pass them through
+    (their fences would not carry the epoch), and a refusal must come from the data before any call."""
+    if not guarantees.semaphores:
+        return guarantees
+    return dataclasses.replace(guarantees, semaphores=PERMITS_NOT_LIFTED)
 
 
 def composite_token(epoch: int, token: int) -> int:
@@ -49,11 +66,20 @@ def parse_epoch(raw: str, where: str) -> int:
     return int(raw)
 
 
-def check_fencing(guarantees: Guarantees, scheme: str, where: str) -> None:
+def check_fencing(guarantees: Guarantees, scheme: str, where: str, *, own_epoch: bool = False) -> None:
+    """Refuse ``fencing_epoch`` on a driver without tokens, or whose tokens already carry an epoch of their own
+    (``own_epoch``: redis+sentinel:// and redis+cluster:// lift theirs by the master's config epoch, so a second
+    lift would not fit in 64 bits and every grant after the first failover would fail)."""
     if guarantees.fencing == "none":
         raise ConfigError(
             f"{where} sets {OPTION}, but the {scheme}:// driver hands out no fencing tokens to lift; "
             "remove the option (or use a driver with fencing)"
+        )
+    if own_epoch:
+        raise ConfigError(
+            f"{where} sets {OPTION}, but the {scheme}:// driver's tokens already carry an epoch of their own "
+            "(the master's config epoch, which rises at every failover); remove the option: its tokens outrank "
+            "a single-node backend's already"
         )
 
 

@@ -49,6 +49,7 @@ rolling back to ``old`` after the switch would make tokens go backwards (the run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -60,7 +61,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, cast
 
-from ..driver import Cancel, Driver, DriverContext, Grant, Guarantees, HolderInfo, Presence, RenewRequest, one_renewal
+from ..driver import (
+    Cancel,
+    Driver,
+    DriverContext,
+    Grant,
+    Guarantees,
+    HolderInfo,
+    Offer,
+    Presence,
+    RenewRequest,
+    one_renewal,
+)
 from ..errors import BackendUnavailable, ConfigError, LockError, LockLost
 from ..timing import lease_deadline
 from .epoch import EPOCH_SHIFT, composite_token
@@ -114,11 +126,20 @@ def _presence(driver: Driver, role: str) -> Presence:
     return driver
 
 
+PERMITS_ON_ONE_SIDE = Offer(
+    "not yet",
+    "a migrate backend moves locks only: a permit would live on one side, and holders on the other would not "
+    "count it; route semaphores and reader-writer locks to a backend entry of their own (the old backend until "
+    "every client uses the new one, then the new)",
+)
+
+
 def combined_guarantees(old: Guarantees, new: Guarantees, phase: str) -> Guarantees:
+    """The guarantees of a migration in ``phase``; permits are never offered through it (not passed through)."""
     if phase == "old":
-        return old
+        return dataclasses.replace(old, semaphores=PERMITS_ON_ONE_SIDE)
     if phase == "new":
-        return new
+        return dataclasses.replace(new, semaphores=PERMITS_ON_ONE_SIDE)
     return Guarantees(
         scope=min(old.scope, new.scope, key=_SCOPES.index),
         fifo=old.fifo and new.fifo,
@@ -127,6 +148,7 @@ def combined_guarantees(old: Guarantees, new: Guarantees, phase: str) -> Guarant
         lifetime="ttl" if "ttl" in (old.lifetime, new.lifetime) else "session",
         server_wakeup=old.server_wakeup and new.server_wakeup,
         note="migration phase 'both': holds the old and the new backend's lock",
+        semaphores=PERMITS_ON_ONE_SIDE,
     )
 
 

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from ...driver import AsyncDriver, Cancel, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import LockError
-from ..epoch import lift, lift_all, lift_holder
+from ..epoch import lift, lift_all, lift_holder, without_permits
 
 __all__ = ["AsyncEpochDriver"]
 
@@ -23,7 +23,8 @@ class AsyncEpochDriver:
     def __init__(self, inner: AsyncDriver, epoch: int) -> None:
         self.inner = inner
         self.epoch = epoch
-        self.guarantees = inner.guarantees  # type: ignore[misc]  # per instance: mirrors the wrapped driver
+        # per instance: mirrors the wrapped driver, but for permits, which it does not pass through
+        self.guarantees = without_permits(inner.guarantees)  # type: ignore[misc]
 
     async def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from ...driver import Cancel, Driver, Grant, Guarantees, HolderInfo, RenewRequest
 from ...errors import LockError
-from ..epoch import lift, lift_all, lift_holder
+from ..epoch import lift, lift_all, lift_holder, without_permits
 
 __all__ = ["EpochDriver"]
 
@@ -25,7 +25,8 @@ class EpochDriver:
     def __init__(self, inner: Driver, epoch: int) -> None:
         self.inner = inner
         self.epoch = epoch
-        self.guarantees = inner.guarantees  # type: ignore[misc]  # per instance: mirrors the wrapped driver
+        # per instance: mirrors the wrapped driver, but for permits, which it does not pass through
+        self.guarantees = without_permits(inner.guarantees)  # type: ignore[misc]
 
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None

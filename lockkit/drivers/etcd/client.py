@@ -95,6 +95,15 @@ def delete_op(key: bytes) -> Any:
     return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
 
 
+class _RawKV:
+    """``KV.Txn`` for a ``TxnRequest`` already serialised (:mod:`.wire`): grpc sends the bytes as they are."""
+
+    def __init__(self, channel: Any) -> None:
+        self.Txn = channel.unary_unary(
+            "/etcdserverpb.KV/Txn", request_serializer=None, response_deserializer=rpc.TxnResponse.FromString
+        )
+
+
 class EtcdClient:
     """Channels to the members, one auth token, per-call timeouts and error translation."""
 
@@ -139,10 +148,11 @@ class EtcdClient:
             return channel
 
     def stub(self, index: int, service: str) -> Any:
-        """The cached ``<service>Stub`` over member ``index``'s channel."""
+        """The cached ``<service>Stub`` over member ``index``'s channel (``RawKV``: :class:`_RawKV`)."""
         found = self._stubs.get((index, service))
         if found is None:
-            found = self._stubs[(index, service)] = getattr(rpc, service + "Stub")(self._channel(index))
+            make = _RawKV if service == "RawKV" else getattr(rpc, service + "Stub")
+            found = self._stubs[(index, service)] = make(self._channel(index))
         return found
 
     def metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...] | None:
@@ -264,6 +274,10 @@ class EtcdClient:
 
     def txn(self, request: Any, what: str = "transaction") -> Any:
         return self.guarded(what, lambda: self.call("KV", "Txn", request))
+
+    def txn_bytes(self, request: bytes, what: str = "transaction") -> Any:
+        """:meth:`txn` of a request already encoded by :mod:`.wire`."""
+        return self.guarded(what, lambda: self.call("RawKV", "Txn", request))
 
     def range(self, request: Any, what: str = "read") -> Any:
         return self.guarded(what, lambda: self.call("KV", "Range", request))

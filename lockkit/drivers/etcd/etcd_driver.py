@@ -65,7 +65,8 @@ from ...driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Leas
 from ...errors import BackendUnavailable, LockError
 from ...lease import token_hint
 from ...urls import BackendURL
-from .client import EtcdClient, cmp_created, delete_op, range_op, rpc
+from . import wire
+from .client import EtcdClient, range_op, rpc
 from .config import EtcdOptions, open_client
 from .keys import name_range
 from .presence import PresenceRecords
@@ -157,10 +158,8 @@ class EtcdDriver:
                                           for h, r in zip(held, requests, strict=True)], reuse)  # fmt: skip
 
     def _delete_if(self, key: bytes, revision: int) -> bool:
-        reply = self._client.txn(
-            rpc.TxnRequest(compare=[cmp_created(key, revision)], success=[delete_op(key)]), "release"
-        )
-        return bool(reply.succeeded)
+        request = wire.txn((wire.compare_created(key, revision),), (wire.delete(key),))  # see .wire
+        return bool(self._client.txn_bytes(request, "release").succeeded)
 
     def _forget(self, token: str) -> Held | None:
         with self._mutex:

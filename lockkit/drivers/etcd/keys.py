@@ -23,6 +23,7 @@ One lock name is one *key range*; every contender (holder or waiter) owns one ke
 from __future__ import annotations
 
 import functools
+import re
 
 from ...names import encode_name
 
@@ -41,11 +42,16 @@ def prefix_end(start: bytes) -> bytes:
     return b"\0"  # every byte was 0xff: the range runs to the end of the keyspace
 
 
+_KEPT = re.compile(r"[A-Za-z0-9_~:\-]*")
+"""A name of only the characters encode_name keeps is its own encoding (most names): no per-byte loop."""
+
+
 @functools.lru_cache(maxsize=1 << 14)  # every acquire, release-by-value and status read maps a name
 def name_range(prefix: str, name: str) -> tuple[bytes, bytes]:
     """``[start, end)`` of the key range of lock ``name``."""
-    start = (prefix + encode_name(name) + "/").encode("utf-8")
-    return start, prefix_end(start)
+    start = (prefix + (name if _KEPT.fullmatch(name) else encode_name(name)) + "/").encode("utf-8")
+    # the range ends just past "/": the next byte up is "0" (prefix_end's rule, without its byte loop)
+    return start, start[:-1] + b"0"
 
 
 def lock_key(prefix: str, name: str, lease_id: int, slot: int) -> bytes:

@@ -21,5 +21,6 @@ GUARANTEES = Guarantees(
 
 ACL_HINT = (
     "the role needs CONNECT on the database, USAGE on the table's schema and SELECT, INSERT, UPDATE on the "
-    "lock table (CREATE on the schema too if the table does not exist yet); see docs/backends/postgres.md"
+    "lock table, and on the permit table (lockkit_permits by default) for semaphores and reader-writer locks "
+    "(CREATE on the schema too if a table does not exist yet); see docs/backends/postgres.md"
 )

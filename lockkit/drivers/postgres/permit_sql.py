@@ -178,6 +178,13 @@ class PermitStatements:
         f"SELECT count(*) FROM {_SLOTS} JOIN pg_locks AS l ON {_match('l', 'u.a', 'u.b')} AND l.granted"
     )
 
-    present_pids = f"SELECT DISTINCT pid FROM pg_locks WHERE {_PRESENCE} AND granted AND pid <> pg_backend_pid()"
+    present_pids = (
+        f"SELECT p.pid FROM pg_locks AS p WHERE {_match('p', '%(p1)s', '%(p2)s')} AND p.granted"
+        " AND p.pid <> pg_backend_pid() GROUP BY p.pid"
+        " ORDER BY bool_or(EXISTS (SELECT 1 FROM pg_locks AS w WHERE w.pid = p.pid AND NOT w.granted)) DESC"
+    )
+    """The sessions present on a name, the waiting ones (blocked on a lock) first: a force release terminates
+    them in this order, each to its end, so that no waiter is granted by a holder's end and then terminated (a
+    lease that was gone at once: tests/test_permit_force_release.py)."""
 
     terminate = "SELECT pg_terminate_backend(%s, 5000)"

@@ -32,10 +32,13 @@ learns it at its next renewal (LockLost), never silently. ``min_replicas`` narro
 (``cluster_my_epoch`` of a ``CLUSTER INFO`` pipelined with each acquire, renewal and holder call). A promoted
 replica and a master that imported a slot take an epoch above every other, so the tokens of a slot's new master
 outrank its old one's, even where the counter went back. A grant by a release's hand-off is confirmed by one
-more attempt (which reads the epoch). Do not combine with ``fencing_epoch``.
+more attempt (which reads the epoch). ``fencing_epoch`` is refused (ConfigError): the tokens carry an epoch
+already.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from ...driver import DriverContext
 from ...urls import BackendURL
@@ -48,6 +51,9 @@ __all__ = ["GUARANTEES", "AsyncClusterDriver", "ClusterDriver"]
 class ClusterDriver(BlockingClusterDriver):
     """The blocking driver as the registry finds it (``lockkit.drivers.redis.cluster:ClusterDriver``), which also
     asks it for the asyncio face: :meth:`from_url_async`."""
+
+    tokens_carry_epoch: ClassVar[bool] = True
+    """Its tokens are lifted by the master's config epoch already: ``fencing_epoch`` is refused (registry)."""
 
     @staticmethod
     def from_url_async(url: BackendURL, ctx: DriverContext) -> AsyncClusterDriver:

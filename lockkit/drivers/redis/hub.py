@@ -38,7 +38,24 @@ from .calls import pack
 from .config import NodeSpec
 from .keys import client_channel
 
-__all__ = ["Hub", "LoopThread", "Snapshot", "Wake"]
+__all__ = ["Hub", "LoopThread", "Snapshot", "Wake", "forks"]
+
+_forks = 0
+"""How many forks lie between this process and the one that imported lockkit (an at-fork hook counts them)."""
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def forks() -> int:
+    """Changes in a child made by ``os.fork``: a driver compares it, which costs no system call (``getpid``
+    does, on every acquire), before it asks its hubs to :meth:`Hub.own_process`."""
+    return _forks
 
 log = logging.getLogger("lockkit")
 T = TypeVar("T")

@@ -13,7 +13,14 @@ plus release paid it twice. This pool keeps what matters from them and nothing e
   readable: EOF), which is reconnected *before* a command is sent on it, so even a non-idempotent acquire
   never goes out on a dead connection; one idle for longer than ``health_check_interval`` is PINGed;
 * fork safety: a child never uses its parent's connections (it closes its copies of their sockets, never
-  shutting them down), and starts with an empty pool.
+  shutting them down), and starts with an empty pool. An ``os.register_at_fork`` hook empties every pool in
+  the child (made by ``os.fork``, which ``multiprocessing``'s fork start method uses too) before any of its
+  code runs, so a checkout asks no ``getpid`` (issue 17: two system calls per master per command were that);
+  the hook makes the child a new mutex too, as one held by another of the parent's threads at the fork would
+  never be released in the child.
+
+A fan-out (Redlock) checks its connections out with ``ready=False`` and makes them ready itself, after one
+look at all of them (:func:`._sync.connection.stale_connections`).
 
 ``lockkit/drivers/redis/_async/primitives.py`` holds the asyncio twin (one event loop: no lock, no fork).
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,6 +40,17 @@ if TYPE_CHECKING:
     from ._sync.connection import Connection
 
 __all__ = ["ConnectionPool"]
+
+_pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
+"""Every live pool of this process, for the fork hook below."""
+
+
+def _forget_the_parents_connections() -> None:
+    for pool in list(_pools):
+        pool._after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 
 class ConnectionPool:
@@ -44,20 +63,22 @@ class ConnectionPool:
         self._idle: list[Connection] = []
         self._all: set[Connection] = set()
         self._waiting = 0  # callers blocked for a connection: a return notifies only if there are any
-        self._pid = os.getpid()
+        _pools.add(self)
 
     def _after_fork(self) -> None:
-        with self._mutex:
-            if self._pid != os.getpid():
-                # The parent's connections stay the parent's: the child closes its copies of their sockets
-                # without a shutdown (which would cut the parent's too) and starts afresh.
-                for conn in self._all:
-                    conn.drop()
-                self._idle, self._all, self._pid = [], set(), os.getpid()
+        """In a forked child, before any of its code runs (only the forking thread exists): forget the parent's
+        connections. The parent's connections stay the parent's: the child closes its copies of their sockets
+        without a shutdown (which would cut the parent's too) and starts afresh."""
+        conns = self._all
+        self._mutex = threading.Lock()  # never acquired here: another parent thread may have held it
+        self._freed = threading.Condition(self._mutex)
+        self._idle, self._all, self._waiting = [], set(), 0
+        for conn in conns:
+            conn.drop()
 
-    def get(self) -> Connection:
-        if self._pid != os.getpid():
-            self._after_fork()
+    def get(self, ready: bool = True) -> Connection:
+        """A connection, made fit to carry commands unless ``ready`` is false (the caller then calls its
+        :meth:`~._sync.connection.Connection.ready` itself, or returns it)."""
         with self._mutex:
             if not self._idle and len(self._all) >= self._size:
                 deadline = time.monotonic() + self._wait
@@ -78,16 +99,15 @@ class ConnectionPool:
             else:
                 conn = self._make()
                 self._all.add(conn)
-        try:
-            conn.ready()  # reconnected if it died while idle, PINGed if it sat idle for long
-        except BaseException:
-            self.release(conn)
-            raise
+        if ready:
+            try:
+                conn.ready()  # reconnected if it died while idle, PINGed if it sat idle for long
+            except BaseException:
+                self.release(conn)
+                raise
         return conn
 
     def release(self, conn: Connection) -> None:
-        if self._pid != os.getpid():
-            return
         with self._mutex:
             if conn in self._all:
                 self._idle.append(conn)

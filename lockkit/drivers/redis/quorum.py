@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...timing import drift
 
@@ -19,9 +19,9 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class NodeResult:
-    """One master's answer to a fan-out: its replies in order, or the error that stopped it."""
+class NodeResult(NamedTuple):
+    """One master's answer to a fan-out: its replies in order, or the error that stopped it (a named tuple:
+    immutable, and made in a third of a frozen dataclass's time, five times per fan-out)."""
 
     replies: Sequence[Any] | BaseException
     epoch: int
@@ -133,7 +133,7 @@ def _true(reply: Any) -> bool:
 def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
     """(masters whose reply was a true integer, masters that answered at all)."""
     ok = reached = 0
-    for result in results:
+    for result in results:  # on every release: one pass, no helper call per master
         replies = result.replies
         if isinstance(replies, BaseException):
             continue
@@ -141,7 +141,8 @@ def count_ok(results: Sequence[NodeResult], index: int = 0) -> tuple[int, int]:
         if isinstance(reply, BaseException):
             continue
         reached += 1
-        ok += _true(reply)
+        if type(reply) is int and reply > 0:  # _true
+            ok += 1
     return ok, reached
 
 
@@ -150,7 +151,10 @@ def others_woken(results: Sequence[NodeResult], own: Callable[[int], bool], inde
     to the lock's channel on master ``i``, asked only of a master that woke someone) on any master: someone
     else is waiting for the lock."""
     for i, result in enumerate(results):
-        reply = _reply(result, index)
+        replies = result.replies
+        if isinstance(replies, BaseException):
+            continue
+        reply = replies[index]
         if type(reply) is int and reply > 1 and reply - 1 > own(i):
             return True
     return False

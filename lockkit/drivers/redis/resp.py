@@ -71,14 +71,17 @@ class _Short(Exception):
 class Replies:
     """The bytes received on one connection, parsed one complete reply at a time."""
 
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "errors", "pos")
 
     def __init__(self) -> None:
         self.buf = b""
         self.pos = 0
+        self.errors = 0
+        """Error replies parsed so far (at any depth): a reader that saw none skips looking for them."""
 
     def feed(self, data: bytes) -> None:
-        self.buf = self.buf[self.pos :] + data if self.pos < len(self.buf) else data
+        pos = self.pos
+        self.buf = self.buf[pos:] + data if pos < len(self.buf) else data
         self.pos = 0
 
     def pending(self) -> bool:
@@ -96,34 +99,45 @@ class Replies:
             self.pos = start
             return NOT_YET
 
-    def _line(self) -> bytes:
-        end = self.buf.find(b"\r\n", self.pos)
-        if end < 0:
-            raise _Short
-        line = self.buf[self.pos : end]
-        self.pos = end + 2
-        return line
+    def take(self, count: int, into: list[Any]) -> None:
+        """Move complete replies to ``into`` until it holds ``count`` or the next has not arrived in full (a
+        reader's loop in one call: issue 17, every master's every reply comes through here)."""
+        buf, left = self.buf, count - len(into)
+        while left > 0:
+            start = self.pos
+            if start >= len(buf):
+                return
+            try:
+                into.append(self._reply())
+            except _Short:
+                self.pos = start
+                return
+            left -= 1
 
     def _reply(self) -> Any:
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            size = int(rest)
+        buf, pos = self.buf, self.pos
+        end = buf.find(b"\r\n", pos)
+        if end < 0:
+            raise _Short
+        kind = buf[pos]  # the type byte, as an int; the line's rest is buf[pos + 1 : end]
+        self.pos = end + 2
+        if kind == 58:  # ":" integer
+            return int(buf[pos + 1 : end])
+        if kind == 36:  # "$" bulk string
+            size = int(buf[pos + 1 : end])
             if size < 0:
                 return None
-            end = self.pos + size
-            if len(self.buf) < end + 2:
+            stop = end + 2 + size
+            if len(buf) < stop + 2:
                 raise _Short
-            data = self.buf[self.pos : end]
-            self.pos = end + 2
-            return data
-        if kind == b"*":
-            count = int(rest)
+            self.pos = stop + 2
+            return buf[end + 2 : stop]
+        if kind == 43:  # "+" simple string
+            return buf[pos + 1 : end]
+        if kind == 42:  # "*" array
+            count = int(buf[pos + 1 : end])
             return None if count < 0 else [self._reply() for _ in range(count)]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            return error_reply(rest.decode(errors="replace"))
-        raise InvalidResponse(f"protocol error: {line[:40]!r}")
+        if kind == 45:  # "-" error
+            self.errors += 1
+            return error_reply(buf[pos + 1 : end].decode(errors="replace"))
+        raise InvalidResponse(f"protocol error: {buf[pos:end][:40]!r}")

@@ -37,11 +37,13 @@ counter lives in the keyspace and can go back after a failover, the sentinels' c
 up at every failover and every sentinel agrees on it. A token of the promoted master outranks every token of
 the failed one, so fencing-checking storage refuses a write of a holder whose lock was lost in the failover.
 A grant that arrives while the master changes is confirmed on the new master (its token comes from there, or
-the acquire fails with BackendUnavailable). Do not combine with ``fencing_epoch``: the tokens no longer fit
-in 48 bits.
+the acquire fails with BackendUnavailable). ``fencing_epoch`` is refused (ConfigError): the tokens carry an
+epoch already.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from ...driver import DriverContext
 from ...urls import BackendURL
@@ -54,6 +56,9 @@ __all__ = ["GUARANTEES", "AsyncSentinelDriver", "SentinelDriver"]
 class SentinelDriver(BlockingSentinelDriver):
     """The blocking driver as the registry finds it (``lockkit.drivers.redis.sentinel:SentinelDriver``), which
     also asks it for the asyncio face: :meth:`from_url_async`."""
+
+    tokens_carry_epoch: ClassVar[bool] = True
+    """Its tokens are lifted by the master's config epoch already: ``fencing_epoch`` is refused (registry)."""
 
     @staticmethod
     def from_url_async(url: BackendURL, ctx: DriverContext) -> AsyncSentinelDriver:

@@ -84,6 +84,7 @@ class Session:
         self._orphans: list[Orphan] = []  # nodes we gave up on: deleted once connected
         self._parents: OrderedDict[str, None] = OrderedDict()  # parents seen lately, most recent last
         self._wakers: dict[int, Callable[[], None]] = {}
+        self._on_delete: dict[str, list[Callable[[], None]]] = {}  # see when_deleted
         self._ids = itertools.count()
         self._negotiated: float | None = None
         self._warned_timeout = False
@@ -161,7 +162,9 @@ class Session:
             return self._ready
 
     def _new_client(self) -> KazooClient:
-        kz = new_client(self.hosts, self.options, self._credential, self._set_negotiated, self._on_attempt)
+        kz = new_client(
+            self.hosts, self.options, self._credential, self._set_negotiated, self._on_attempt, self._deleted
+        )
         kz.add_listener(functools.partial(self._listener, kz))
         self._kz = kz
         return kz
@@ -366,6 +369,36 @@ class Session:
                 return
         with self._mutex:
             self._orphans.append((parent, prefix, child, owner, czxid))
+
+    # -- a watched node's deletion, told on kazoo's connection thread (see .client._tell_deletions) --
+
+    def when_deleted(self, path: str, action: Callable[[], None]) -> Callable[[], None]:
+        """Run ``action`` once, on kazoo's connection thread, when a deletion event for ``path`` is read.
+
+        Only events for watches this session set arrive, so the caller sets one (an exists-watch) too;
+        ``action`` must not block (sending a request does not). Returns a function that cancels it.
+        """
+        with self._mutex:
+            self._on_delete.setdefault(path, []).append(action)
+
+        def forget() -> None:
+            with self._mutex:
+                actions = self._on_delete.get(path)
+                if actions is not None and action in actions:
+                    actions.remove(action)
+                    if not actions:
+                        del self._on_delete[path]
+
+        return forget
+
+    def _deleted(self, path: str) -> None:
+        with self._mutex:
+            actions = self._on_delete.pop(path, None)
+        for action in actions or ():
+            try:
+                action()
+            except Exception:  # on kazoo's connection thread: log and go on (the watch callback still wakes)
+                log.debug("lockkit: handling the deletion of %s failed", path, exc_info=True)
 
     # -- waking waiters ------------------------------------------------------------------------
 

@@ -173,6 +173,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
         unhook = s.add_waker(wake.set)
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
         granted = unreachable = False
+        forget: Callable[[], None] | None = None  # our request to be told of the predecessor's deletion
         try:
             if deadline is not None and self._clock() >= deadline and self._busy(c, end):
                 return None  # one attempt and the lock is taken: no need to queue a node
@@ -199,6 +200,9 @@ class ZooKeeperDriver(ZooKeeperPresence):
                         self._note_ttl(ttl)
                         return Grant(c.czxid, s.timeout, sent_at)
                     predecessor = f"{c.parent}/{order[place - 1]}"
+                    if forget is not None:
+                        forget()
+                    forget = s.when_deleted(predecessor, self._relist(c, sid))
                     watched = s.client().exists_async(predecessor, watch=self._on_predecessor(c, sid, wake))
                     if s.call(watched, f"watch {predecessor}", end=end) is None:
                         continue  # it left between our two reads
@@ -224,6 +228,8 @@ class ZooKeeperDriver(ZooKeeperPresence):
             raise
         finally:
             c.done = True
+            if forget is not None:
+                forget()
             unhook()
             if uncancel is not None:
                 uncancel()
@@ -239,13 +245,32 @@ class ZooKeeperDriver(ZooKeeperPresence):
                     background=unreachable,
                 )
 
-    def _on_predecessor(self, c: _Contender, sid: int, wake: threading.Event) -> Callable[[WatchedEvent], None]:
-        """The watch on our predecessor: on its deletion, send our next list at once, then wake the acquire.
+    def _relist(self, c: _Contender, sid: int) -> Callable[[], None]:
+        """Send our next list at once: on our predecessor's deletion, on kazoo's connection thread.
 
-        It runs on kazoo's callback thread (it must not block; sending is not blocking). Sending from here
-        takes the acquiring thread's wake-up off the hand-off's critical path: the list is on its way while
-        that thread is scheduled. The acquire uses it only in the same session, and counts the lease from
-        its send time.
+        :meth:`.session.Session.when_deleted` runs it as the connection thread reads the event, so the list is
+        the next request written, with no thread hand-off before it (:func:`.client._tell_deletions`); the
+        acquiring thread's wake-up is off the hand-off's critical path. It matters beyond those microseconds:
+        the releasing client's next create, a write that waits for its fsync, is usually not at the server
+        yet, and a standalone server answers a read that arrives behind a pending write only after that
+        write's fsync. The acquire uses the list only in the same session, and counts the lease from its
+        send time. Sending is not blocking (a queue and a byte to kazoo's wake-up socket).
+        """
+        kz = self._session.client()
+
+        def relist() -> None:
+            # (once: a watch callback that fires later finds the list sent)
+            if not c.done and c.relisted is None:
+                c.relisted = (sid, self._clock(), kz.get_children_async(c.parent))
+
+        return relist
+
+    def _on_predecessor(self, c: _Contender, sid: int, wake: threading.Event) -> Callable[[WatchedEvent], None]:
+        """The watch on our predecessor: on its deletion, wake the acquire (the list is on its way already).
+
+        It runs on kazoo's callback thread (it must not block). The list was sent on the connection thread
+        (:meth:`_relist`); if it was not (it failed there), it is sent from here, still ahead of the acquiring
+        thread's wake-up.
         """
         kz = self._session.client()
 
@@ -335,8 +360,11 @@ class ZooKeeperDriver(ZooKeeperPresence):
         what = f"create {c.parent} with a contender"
         results = s.call(found_async(s.client(), c.parent, c.prefix, c.data, s.acl), what, end=end)
         c.pending = False  # answered: either both nodes exist now, or neither was created
-        with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+        try:
             c.child, c.czxid = founded(results)
+        except Exception:  # (translated only on failure, as nodes.wait does)
+            with nodes.translated(what, s.timeout, (NodeExistsError, NoNodeError, UnimplementedError), s.login):
+                raise
         s.parent_seen(c.parent)
         return [c.child]
 

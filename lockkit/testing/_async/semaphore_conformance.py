@@ -138,10 +138,16 @@ class AsyncSemaphoreSuite:
         self, locks: lockkit.AsyncLocker, other: lockkit.AsyncLocker, name: str
     ) -> None:
         async with locks.semaphore(name, limit=2, ttl=HOLD_TTL):
-            with pytest.raises(ConfigError, match="same limit"):
+            before = await locks.permit_holders(name)
+            with pytest.raises(ConfigError, match="same limit") as refused:
                 await other.semaphore(name, limit=5).try_acquire()
+            assert "limit 2" in str(refused.value) and "limit 5" in str(refused.value), refused.value
             with pytest.raises(ConfigError, match="reader-writer"):
                 await other.rwlock(name).read().try_acquire()
+            with pytest.raises(ConfigError, match="same limit"):  # a waiting acquire is refused, not queued
+                await other.semaphore(name, limit=5).acquire(timeout=1)
+            after = await locks.permit_holders(name)
+            assert (after.limit, after.holders, after.waiters) == (before.limit, before.holders, before.waiters)
         # once every holder is gone, the name may be used with another limit
         async with other.semaphore(name, limit=5, ttl=HOLD_TTL) as lease:
             assert lease.valid
@@ -344,6 +350,13 @@ class AsyncSemaphoreSuite:
                 assert time.monotonic() - killed <= SHORT_TTL * 3 + SLACK + 10
                 if fences(locks):
                     assert lease.fencing_token > fence
+                if sig == signal.SIGSTOP:  # woken, the frozen holder's own clock says its lease is over
+                    os.kill(pid, signal.SIGCONT)
+                    lost = Path(str(ready) + ".lost")
+                    deadline = time.monotonic() + SLACK + 10
+                    while not lost.exists() and time.monotonic() < deadline:
+                        await sleep(0.05)
+                    assert lost.exists(), "the resumed holder still believes its lease valid"
                 await handle.release()
         finally:
             if child.is_alive():

@@ -140,10 +140,16 @@ class SemaphoreSuite:
         self, locks: lockkit.Locker, other: lockkit.Locker, name: str
     ) -> None:
         with locks.semaphore(name, limit=2, ttl=HOLD_TTL):
-            with pytest.raises(ConfigError, match="same limit"):
+            before = locks.permit_holders(name)
+            with pytest.raises(ConfigError, match="same limit") as refused:
                 other.semaphore(name, limit=5).try_acquire()
+            assert "limit 2" in str(refused.value) and "limit 5" in str(refused.value), refused.value
             with pytest.raises(ConfigError, match="reader-writer"):
                 other.rwlock(name).read().try_acquire()
+            with pytest.raises(ConfigError, match="same limit"):  # a waiting acquire is refused, not queued
+                other.semaphore(name, limit=5).acquire(timeout=1)
+            after = locks.permit_holders(name)
+            assert (after.limit, after.holders, after.waiters) == (before.limit, before.holders, before.waiters)
         # once every holder is gone, the name may be used with another limit
         with other.semaphore(name, limit=5, ttl=HOLD_TTL) as lease:
             assert lease.valid
@@ -346,6 +352,13 @@ class SemaphoreSuite:
                 assert time.monotonic() - killed <= SHORT_TTL * 3 + SLACK + 10
                 if fences(locks):
                     assert lease.fencing_token > fence
+                if sig == signal.SIGSTOP:  # woken, the frozen holder's own clock says its lease is over
+                    os.kill(pid, signal.SIGCONT)
+                    lost = Path(str(ready) + ".lost")
+                    deadline = time.monotonic() + SLACK + 10
+                    while not lost.exists() and time.monotonic() < deadline:
+                        sleep(0.05)
+                    assert lost.exists(), "the resumed holder still believes its lease valid"
                 handle.release()
         finally:
             if child.is_alive():

@@ -58,7 +58,9 @@ def permits_under_load(url: str, name: str, limit: int, mode: str, rounds: int, 
 
 
 def hold_and_wait(url: str, name: str, limit: int, mode: str, ttl: float, ready: str) -> None:
-    """Take one permit with ``ttl`` and no renewal, say so by writing ``ready``, then sleep until killed."""
+    """Take one permit with ``ttl`` (auto-renewed), say so by writing ``ready``, then sleep until killed; a
+    holder that finds its lease invalid (it was SIGSTOPped past its ttl and resumed) writes ``ready + ".lost"``
+    and ends itself."""
     with lockkit.connect(url) as locks:
         if mode == "permit":
             handle: lockkit.Permit = locks.semaphore(name, limit=limit, ttl=ttl, auto_renew=True)
@@ -70,4 +72,5 @@ def hold_and_wait(url: str, name: str, limit: int, mode: str, ttl: float, ready:
         while True:  # renewed until SIGKILL, or frozen by SIGSTOP
             sleep(0.05)
             if not lease.valid:
+                Path(ready + ".lost").write_text("invalid")
                 os.kill(os.getpid(), signal.SIGTERM)

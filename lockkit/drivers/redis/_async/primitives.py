@@ -49,7 +49,9 @@ class AsyncConnectionPool:
         self._all: set[AsyncConnection] = set()
         self._waiters: collections.deque[asyncio.Future[AsyncConnection]] = collections.deque()
 
-    async def get(self) -> AsyncConnection:
+    async def get(self, ready: bool = True) -> AsyncConnection:
+        """A connection, made fit to carry commands unless ``ready`` is false (the caller then calls its
+        :meth:`~.connection.AsyncConnection.ready` itself, or returns it)."""
         if self._idle:
             conn = self._idle.pop()
         elif len(self._all) < self._size:
@@ -57,11 +59,12 @@ class AsyncConnectionPool:
             self._all.add(conn)
         else:
             conn = await self._wait_for_one()
-        try:
-            await conn.ready()
-        except BaseException:
-            self.release(conn)
-            raise
+        if ready:
+            try:
+                await conn.ready()
+            except BaseException:
+                self.release(conn)
+                raise
         return conn
 
     async def _wait_for_one(self) -> AsyncConnection:

@@ -18,6 +18,7 @@ import contextlib
 import math
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -25,7 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..config import NodeSpec
 
-__all__ = ["AsyncStream", "open_stream"]
+__all__ = ["AsyncStream", "open_stream", "stale_all"]
 
 
 class _Protocol(asyncio.Protocol):
@@ -183,6 +184,12 @@ class AsyncStream:
         self.abort()
         with contextlib.suppress(TimeoutError):
             await _bounded(self._protocol.lost, self._timeout, TimeoutError())
+
+
+def stale_all(streams: Sequence[AsyncStream | None]) -> list[bool]:
+    """Per stream, whether it is unusable (see :meth:`AsyncStream.stale`; None, no stream, is). The blocking twin
+    asks the kernel about all of them in one call; here the protocol already knows, with no system call."""
+    return [stream is None or stream.stale() for stream in streams]
 
 
 async def open_stream(spec: NodeSpec) -> AsyncStream:

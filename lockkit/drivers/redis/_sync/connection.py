@@ -30,9 +30,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from ..calls import pack
 from ..config import NodeSpec
 from ..resp import NOT_YET, Replies
-from .stream import Stream, open_stream
+from .stream import Stream, open_stream, stale_all
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "stale_connections"]
 
 _PING = pack([("PING",)])
 
@@ -68,6 +68,8 @@ class Connection:
         self._stream: Stream | None = None
         self._replies = Replies()
         self._used = 0.0
+        self.errors = False
+        """The last :meth:`read` got an error reply (at any depth); without one, nobody looks for ``NOSCRIPT``."""
 
     def connect(self) -> None:
         self.drop()
@@ -92,10 +94,11 @@ class Connection:
         elif refused is not None:
             raise refused
 
-    def ready(self) -> None:
-        """Make this pooled connection fit to carry commands (see the module docstring)."""
+    def ready(self, stale: bool | None = None) -> None:
+        """Make this pooled connection fit to carry commands (see the module docstring); ``stale``: whether it
+        is unusable, if :func:`stale_connections` just looked (a fan-out asks about all its connections at once)."""
         stream = self._stream
-        if stream is not None and stream.stale():
+        if stream is not None and (stream.stale() if stale is None else stale):
             self.drop()
             stream = None
         if stream is None:
@@ -121,13 +124,23 @@ class Connection:
         connection's own ``timeout``. Error replies come back as exception objects (the stream stays in step),
         except those that make the connection unusable (a refused login, too many clients), which are raised
         like a timeout or a broken connection. Anything more than ``count`` replies is a protocol error."""
-        replies = [self.next_reply(deadline)]
-        for _ in range(count - 1):
-            replies.append(self.next_reply(None))
-        for reply in replies:
-            if isinstance(reply, RedisConnectionError):
-                raise reply
-        if self._replies.pending():
+        stream = self._stream
+        if stream is None:
+            raise RedisConnectionError(f"the connection to redis {self.spec.label} is closed")
+        parser = self._replies
+        errors = parser.errors
+        replies: list[Any] = []
+        if parser.pos < len(parser.buf):  # bytes left by next_reply (a read leaves none): replies already here
+            parser.take(count, replies)
+        while len(replies) < count:
+            parser.feed(stream.recv(None if replies else deadline))
+            parser.take(count, replies)
+        self.errors = parser.errors != errors
+        if self.errors:
+            for reply in replies:
+                if isinstance(reply, RedisConnectionError):
+                    raise reply
+        if parser.pos < len(parser.buf):
             raise InvalidResponse(f"redis {self.spec.label} sent more than was asked for")
         self._used = time.monotonic()
         return replies
@@ -161,3 +174,9 @@ class Connection:
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.close()
+
+
+def stale_connections(conns: Sequence[Connection | BaseException]) -> list[bool]:
+    """Per connection, whether :meth:`Connection.ready` must reconnect it: one look at all of them (an
+    exception in the place of a connection, one a fan-out could not check out, is reported stale)."""
+    return stale_all([None if isinstance(conn, BaseException) else conn._stream for conn in conns])

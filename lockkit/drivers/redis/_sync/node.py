@@ -38,7 +38,7 @@ from .primitives import ConnectionPool
 __all__ = ["SyncNode"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """Calls sent on ``conn`` whose replies (after ``hello`` replies of the connection's hello) are unread."""
 
@@ -56,51 +56,76 @@ class SyncNode:
         o = spec.options
         self.pool = ConnectionPool(lambda: Connection(spec), o.pool_size, o.connect_timeout + o.timeout)
 
-    def send(self, calls: Sequence[Call], payload: bytes | None = None) -> Pending:
-        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master)."""
+    def checkout(self) -> Connection:
+        """A pooled connection for :meth:`send`, not yet made ready: a fan-out looks at all of its connections
+        at once first (:func:`.connection.stale_connections`); it goes back to the pool with the send."""
         if self.state.refused is not None:
             raise self.state.refused
-        conn = self.pool.get()
+        return self.pool.get(ready=False)
+
+    def send(
+        self,
+        calls: Sequence[Call],
+        payload: bytes | None = None,
+        conn: Connection | None = None,
+        stale: bool | None = None,
+    ) -> Pending:
+        """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master), on
+        ``conn`` if given (from :meth:`checkout`; ``stale``: what :func:`.connection.stale_connections` said of
+        it), else on a connection from the pool."""
+        if conn is None:
+            if self.state.refused is not None:
+                raise self.state.refused
+            conn = self.pool.get()
+        else:
+            try:
+                conn.ready(stale)  # reconnected if it died while idle, PINGed if it sat idle for long
+            except BaseException:
+                self.pool.release(conn)
+                raise
         try:
-            hello: list[tuple[Any, ...]] = []
+            data = payload or pack_calls(calls)
+            hello = 0
             if conn.fresh:
                 conn.fresh = False
-                hello = hello_commands(self.state)
+                commands = hello_commands(self.state)
                 # Check before anything runs: a refused server must not take locks, and a lock write must never
                 # reach a replica that a Sentinel still named as the master.
                 if self.state.strict or self.state.require_master:
-                    conn.send(pack(hello))
-                    apply_hello(self.state, conn.read(len(hello), time.monotonic() + self.spec.options.timeout))
-                    hello = []
-            conn.send(pack(hello) + (payload or pack_calls(calls)))
+                    conn.send(pack(commands))
+                    deadline = time.monotonic() + self.spec.options.timeout
+                    apply_hello(self.state, conn.read(len(commands), deadline))
+                else:
+                    data, hello = pack(commands) + data, len(commands)
+            conn.send(data)
         except BaseException:
             conn.drop()
             self.pool.release(conn)
             raise
-        return Pending(conn, calls, len(hello))
+        return Pending(conn, calls, hello)
 
     def receive(self, pending: Pending, deadline: float) -> list[Any]:
         """The replies of ``pending``'s calls; the first may wait until ``deadline`` (monotonic, shared by a
         fan-out). Error replies come back as exception objects."""
-        conn = pending.conn
-        ok = False
+        conn, calls, hello = pending.conn, pending.calls, pending.hello
         try:
-            replies = conn.read(pending.hello + len(pending.calls), deadline)
-            if pending.hello:
-                apply_hello(self.state, replies[: pending.hello])
-            replies = replies[pending.hello :]
-            redo, commands = reload_plan(pending.calls, replies)
-            if redo:
-                conn.send(pack(commands))
-                again = conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
-                for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
-                    replies[index] = reply
-            ok = True
-            return replies
-        finally:
-            if not ok:
-                conn.drop()
+            replies = conn.read(hello + len(calls), deadline)
+            if hello:
+                apply_hello(self.state, replies[:hello])
+                replies = replies[hello:]
+            if conn.errors:  # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most)
+                redo, commands = reload_plan(calls, replies)
+                if redo:
+                    conn.send(pack(commands))
+                    again = conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
+                    for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
+                        replies[index] = reply
+        except BaseException:
+            conn.drop()
             self.pool.release(conn)
+            raise
+        self.pool.release(conn)
+        return replies
 
     def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
         if idempotent:
@@ -121,6 +146,13 @@ class SyncNode:
         except RedisConnectionError:
             pass
         return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout), True
+
+    def abandon(self, pending: Pending | Connection) -> None:
+        """Give back a connection whose replies will not be read (a fan-out interrupted half-way): it is
+        dropped, as unread replies would be the next caller's."""
+        conn = pending.conn if isinstance(pending, Pending) else pending
+        conn.drop()
+        self.pool.release(conn)
 
     def close(self) -> None:
         self.pool.disconnect()

@@ -11,7 +11,6 @@ This file is the source of the blocking :class:`RedlockDriver` too: ``scripts/un
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -27,12 +26,13 @@ from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..errors import refused_logins
 from ..flow import YIELD_MIN, YIELD_ROUNDS, Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
-from ..hub import Hub
+from ..hub import Hub, forks
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ..quorum import NodeResult, count_ok, count_repeated_misses, others_woken, quorum, tally_renew
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ..semaphore_scripts import REDLOCK_PERMITS
+from .connection import Connection, stale_connections
 from .drive import drive
 from .node import Pending, SyncNode
 from .primitives import Background
@@ -69,8 +69,8 @@ class RedlockDriver:
         self._nodes = [SyncNode(spec) for spec in specs]
         self._background = Background("lockkit-redlock-pubsub")
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
-        self._pid = os.getpid()
-        """The process the hubs belong to (see Hub.own_process)."""
+        self._forks = forks()
+        """The process the hubs belong to, as :func:`..hub.forks` counts it (see Hub.own_process)."""
         self._yields: dict[str, float] = {}
         """Per lock this client released while another client waited for it: until when (on ``clock``) its next
         acquire lets the waiter have it (flow.YIELD_ROUNDS)."""
@@ -85,24 +85,41 @@ class RedlockDriver:
     def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         nodes = self._nodes
         payload = pack_calls(calls)  # the same bytes go to every master
+        conns: list[Connection | BaseException] = []
         pending: list[Pending | BaseException] = []
-        for node in nodes:  # write to every master before reading any reply
-            try:
-                pending.append(node.send(calls, payload))
-            except (RedisError, OSError) as exc:
-                pending.append(exc)
+        current = -1  # the master whose send is under way: a send gives its connection back on any error itself
+        try:
+            for node in nodes:
+                try:
+                    conns.append(node.checkout())
+                except (RedisError, OSError) as exc:
+                    conns.append(exc)
+            # One look at every connection for one that the server closed while it sat idle (one system call
+            # on the blocking face, not one per master), before anything is sent on any of them.
+            stale = stale_connections(conns)
+            for current, node in enumerate(nodes):  # write to every master before reading any reply
+                conn = conns[current]
+                if isinstance(conn, BaseException):
+                    pending.append(conn)
+                    continue
+                try:
+                    pending.append(node.send(calls, payload, conn, stale[current]))
+                except (RedisError, OSError) as exc:
+                    pending.append(exc)
+        except BaseException:  # interrupted (a signal, a cancel): no connection stays checked out
+            for index, (node, conn) in enumerate(zip(nodes, conns, strict=False)):
+                item = pending[index] if index < len(pending) else conn
+                if index != current and not isinstance(item, BaseException):
+                    node.abandon(item)
+            raise
         deadline = time.monotonic() + self.options.timeout
         results: list[NodeResult] = []
         failed = False
-        for node, sent in zip(nodes, pending, strict=True):
+        for index, sent in enumerate(pending):
+            node = nodes[index]
             repeated = False
             replies: list[Any] | BaseException
-            if isinstance(sent, BaseException):  # nothing was sent: no reply to wait for
-                replies = sent
-                if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
-                    with contextlib.suppress(RedisError, OSError):
-                        replies = node.run(calls, False)
-            else:
+            if not isinstance(sent, BaseException):
                 try:
                     replies = node.receive(sent, deadline)
                 except RedisConnectionError as exc:
@@ -113,6 +130,16 @@ class RedlockDriver:
                             repeated = True  # sent: it may have run, only its reply lost
                 except (RedisError, OSError) as exc:
                     replies = exc
+                except BaseException:  # interrupted: the later masters' replies will not be read
+                    for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
+                        if not isinstance(item, BaseException):
+                            later.abandon(item)
+                    raise
+            else:  # nothing was sent: no reply to wait for
+                replies = sent
+                if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
+                    with contextlib.suppress(RedisError, OSError):
+                        replies = node.run(calls, False)
             failed = failed or isinstance(replies, BaseException)
             results.append(NodeResult(replies, node.state.epoch, repeated))
         if failed:  # only a failed master can have refused the login
@@ -152,11 +179,10 @@ class RedlockDriver:
             until = self._yields.pop(name, None)
             if until is not None:
                 pause = until - self.clock()
-        pid = os.getpid()
-        if pid != self._pid:  # forked since the hubs last looked (one check here, not one per master)
+        if forks() != self._forks:  # forked since the hubs last looked (one check here, not one per master)
             for hub in self._hubs:
                 hub.own_process()
-            self._pid = pid
+            self._forks = forks()
         # made before the first attempt: its snapshot of the hubs must predate it
         watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel)
 
