@@ -10,6 +10,7 @@ renewal scheduler.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -38,6 +39,11 @@ class _TokenSource:
     """
 
     def __init__(self) -> None:
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """A fresh mutex and no pool: a child forked while another thread of its parent held the mutex would
+        otherwise wait on it for ever at its first token (the thread that held it does not exist there)."""
         self._mutex = threading.Lock()
         self._pool = ""  # the draw in hex: a token is a slice of it, no copy of the rest and no hex() per token
         self._next = 0
@@ -55,6 +61,7 @@ class _TokenSource:
 
 
 _tokens = _TokenSource()
+os.register_at_fork(after_in_child=_tokens.after_fork)
 
 
 def new_token() -> str:

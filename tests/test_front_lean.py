@@ -14,6 +14,8 @@ import gc
 import os
 import random
 import re
+import signal
+import threading
 import uuid
 import weakref
 
@@ -58,6 +60,37 @@ def test_c9_a_forked_child_has_its_own_pid_its_own_tokens_and_not_its_parents_le
     # The child drew from a pool of its own: the parent's next tokens are not the child's
     mine = {new_token() for _ in range(300)}
     assert len(child_token) == 32 and child_token not in mine
+
+
+def test_c9_a_child_forked_while_another_thread_draws_a_token_can_draw_one() -> None:
+    """The token pool's mutex held by another parent thread at the fork: the child's first token must not wait
+    on it for ever (that thread does not exist in the child)."""
+    from lockkit import lock_core
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock_core._tokens._mutex:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected
+            code = 1
+            try:
+                signal.alarm(10)  # a hang ends the child with SIGALRM instead of the test
+                code = 0 if re.fullmatch(r"[0-9a-f]{32}", new_token()) else 2
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        holder.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung on the token pool's mutex"
 
 
 def test_tokens_are_distinct_hex_across_pool_refills() -> None:
