@@ -98,7 +98,7 @@ class Lease:
 
     __slots__ = (
         "__weakref__", "_callbacks", "_clock", "_expires_at", "_fencing_token", "_in_flight", "_mutex", "_pid",
-        "_reason", "_state", "_ttl", "acquired_at", "backend", "name", "token",
+        "_reason", "_state", "_ttl", "acquired_at", "backend", "kind", "name", "token",
     )  # fmt: skip
 
     def __init__(
@@ -112,8 +112,11 @@ class Lease:
         clock: Clock,
         backend: str = "default",
         on_lost: list[LostCallback] | None = None,
+        kind: str = "lock",
     ) -> None:
         self.name = name
+        self.kind = kind
+        """What it holds, for messages: ``lock``, ``semaphore`` (a permit) or ``rwlock`` (one side)."""
         self.token = token
         self._fencing_token = fencing_token
         self.backend = backend
@@ -180,12 +183,12 @@ class Lease:
         if self.valid:
             return
         if _pid != self._pid:
-            raise LockLost(f"lock {self.name!r} was acquired by process {self._pid}, not this one")
+            raise LockLost(f"{self.kind} {self.name!r} was acquired by process {self._pid}, not this one")
         if self._state is LeaseState.RELEASED:
-            raise LockLost(f"lock {self.name!r} was released")
+            raise LockLost(f"{self.kind} {self.name!r} was released")
         if self._state is LeaseState.UNCERTAIN:
-            raise LockLost(f"lock {self.name!r} is uncertain: {self._reason}; do not act until it is restored")
-        raise LockLost(f"lock {self.name!r} was lost: {self.lost_reason}")
+            raise LockLost(f"{self.kind} {self.name!r} is uncertain: {self._reason}; do not act until it is restored")
+        raise LockLost(f"{self.kind} {self.name!r} was lost: {self.lost_reason}")
 
     def add_lost_callback(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (at once if it already is)."""
@@ -316,7 +319,7 @@ class Lease:
             self._reason = reason
             callbacks, self._callbacks = self._callbacks, []
         if warn:
-            log.warning("lockkit: lock %r lost (%s)", self.name, reason)
+            log.warning("lockkit: %s %r lost (%s)", self.kind, self.name, reason)
         for callback in callbacks:
             self._call(callback)
         return True

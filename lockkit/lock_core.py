@@ -144,6 +144,7 @@ class LockCore:
             clock=clock,
             backend=backend.name,
             on_lost=on_lost,
+            kind=self.noun,
         )
         with self.mutex:
             self.lease = lease
@@ -193,7 +194,7 @@ class LockCore:
     def release_failed(self, lease: Lease) -> LockNotOwned:
         lease.mark_lost("the server no longer held our token at release (expired or taken over)")
         return LockNotOwned(
-            f"lock {self.name!r} was no longer ours at release (it expired or was taken); "
+            f"{self.noun} {self.name!r} was no longer ours at release (it expired or was taken); "
             "nothing was deleted. Use a longer ttl or keep auto_renew on"
         )
 
@@ -225,10 +226,10 @@ class LockCore:
             if ticket is not None:
                 lease.renewal_refused(ticket)
             lease.mark_lost("renew found the server no longer holds our token")  # counted by the backend
-            raise LockLost(f"lock {self.name!r} was lost: the server no longer holds our token")
+            raise LockLost(f"{self.noun} {self.name!r} was lost: the server no longer holds our token")
         if not lease.extend(grant.sent_at, grant.ttl, ticket):
             lease.ensure_valid()
-            raise LockLost(f"lock {self.name!r} was lost before the renewal completed")
+            raise LockLost(f"{self.noun} {self.name!r} was lost before the renewal completed")
         self.backend.stats.count("renewals")
         return lease
 
@@ -240,10 +241,15 @@ class LockCore:
         """What ``__exit__`` must tell the block if the lock was lost while it ran."""
         if lease is not None and not lease.valid and lease.ours():
             return LockLost(
-                f"lock {self.name!r} was lost while the with-block ran ({lease.lost_reason}); "
+                f"{self.noun} {self.name!r} was lost while the with-block ran ({lease.lost_reason}); "
                 "its work may have overlapped another holder's"
             )
         return None
+
+    @property
+    def noun(self) -> str:
+        """What the handle holds, for messages: ``lock``, ``semaphore`` or ``rwlock`` (of either side)."""
+        return self.kind.split(" ", 1)[0]
 
     def describe(self) -> str:
         held = self.lease is not None and self.lease.valid

@@ -41,3 +41,25 @@ def test_permit_handles_say_what_they_hold() -> None:
             rw.read().acquire(timeout=0.05)
         with pytest.raises(lockkit.LockNotOwned, match="this lock handle does not hold it"):
             locks.lock("plain").release()
+
+
+def test_a_lost_permit_is_reported_as_a_permit(caplog: pytest.LogCaptureFixture) -> None:
+    """A permit's or rwlock side's loss says "semaphore"/"rwlock", in the error and in the log line (it said
+    "lock 'exports' lost")."""
+    with lockkit.connect("memory://permit-loss-messages") as locks:
+        permit = locks.semaphore("exports", limit=2, ttl=5, auto_renew=False)
+        lease = permit.acquire()
+        assert lease.kind == "semaphore"
+        locks.force_release_permits("exports")
+        with caplog.at_level("WARNING", logger="lockkit"):
+            with pytest.raises(lockkit.LockLost, match=r"^semaphore 'exports' was lost"):
+                permit.renew()
+        assert "lockkit: semaphore 'exports' lost" in caplog.text
+        with pytest.raises(lockkit.LockLost, match=r"^semaphore 'exports' was lost"):
+            lease.ensure_valid()
+        writer = locks.rwlock("prices", ttl=5, auto_renew=False).write()
+        assert writer.acquire().kind == "rwlock"
+        locks.force_release_permits("prices")
+        with pytest.raises(lockkit.LockLost, match=r"^rwlock 'prices' was lost"):
+            writer.renew()
+        assert locks.lock("plain", ttl=5).acquire().kind == "lock"

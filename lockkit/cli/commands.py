@@ -117,7 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 signal.signal(sig, handler)
         if lost.is_set():
             print(
-                f"lockkit run: lock {args.name!r} was lost while the command ran ({lease.lost_reason}); "
+                f"lockkit run: {lease.kind} {args.name!r} was lost while the command ran ({lease.lost_reason}); "
                 "the command was sent SIGTERM",
                 file=sys.stderr,
             )
