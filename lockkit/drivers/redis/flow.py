@@ -49,9 +49,11 @@ from typing import Any, Literal, TypeVar
 
 from redis.exceptions import ResponseError
 
-from ...driver import Grant
+from ...driver import Grant, HolderInfo
 from ...errors import BackendUnavailable
+from ...lease import token_hint
 from ...timing import Clock
+from ..epoch import composite_token
 from .calls import Call
 from .keys import LockKeys
 from .quorum import NodeResult, free_in, quorum, tally_acquire
@@ -121,6 +123,19 @@ _rng = random.SystemRandom()
 def ms(seconds: float) -> int:
     """Seconds → whole milliseconds, rounded up so the server never holds for less than asked."""
     return max(1, math.ceil(seconds * 1000 - 1e-9))
+
+
+def holder_info(reply: Any, epoch: int | None = None) -> HolderInfo:
+    """The ``FAIR_HOLDER`` script's reply ``[token, pttl, fence, waiters]`` as a :class:`HolderInfo`; with
+    ``epoch`` (Sentinel, Cluster: the replying master's) the fence lifted to ``epoch << 48 | fence``."""
+    token, pttl, fence, waiters = reply
+    if token is None:
+        return HolderInfo(False, waiters=waiters)
+    ttl_left = pttl / 1000 if pttl >= 0 else None
+    fencing = int(fence) if fence else None
+    if fencing is not None and epoch is not None:
+        fencing = composite_token(epoch, fencing)
+    return HolderInfo(True, token_hint(token.decode()), fencing, ttl_left, waiters)
 
 
 def checked(reply: Any, label: str, what: str) -> Any:

@@ -35,7 +35,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest
 from ....errors import BackendUnavailable, ConfigError
-from ....lease import token_hint
 from ....urls import BackendURL
 from ...epoch import composite_token
 from ..calls import Call
@@ -43,7 +42,7 @@ from ..cluster_config import ClusterTarget, Shard, SlotMap, cluster_target, key_
 from ..cluster_hub import ClusterHub
 from ..config import NodeSpec
 from ..errors import translate
-from ..flow import Flow, acquire_flow, checked, release_call
+from ..flow import Flow, acquire_flow, checked, holder_info, release_call
 from ..keys import LockKeys, cluster_lock_keys
 from ..scripts import FAIR_ACQUIRE, FAIR_HOLDER
 from ..semaphore_scripts import CLUSTER_PERMITS, SHARDED_SCRIPTS, PermitKeys, cluster_permit_keys
@@ -345,12 +344,7 @@ class ClusterDriver(RedisDriver):
 
     def holder(self, name: str) -> HolderInfo:
         replies, epoch, _ = self._routed([Call(FAIR_HOLDER, self._keys(name).script_keys())])
-        token, pttl, fence, waiters = checked(replies[0], "cluster", "holder")
-        if token is None:
-            return HolderInfo(False, waiters=waiters)
-        ttl_left = pttl / 1000 if pttl >= 0 else None
-        lifted = composite_token(epoch, int(fence)) if fence else None
-        return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
+        return holder_info(checked(replies[0], "cluster", "holder"), epoch)
 
     def permits(self, events: object = None) -> Any:
         """Semaphores and reader-writer locks, each name on the master of its slot (issue 18)."""

@@ -39,12 +39,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, PermitMode, RenewRequest
 from ....errors import BackendUnavailable
-from ....lease import token_hint
 from ....urls import BackendURL
 from ...epoch import composite_token
 from ..calls import Call
 from ..errors import translate
-from ..flow import checked, release_call
+from ..flow import checked, holder_info, release_call
 from ..hub import Hub
 from ..scripts import FAIR_HOLDER
 from ..semaphore_scripts import SENTINEL_PERMITS
@@ -277,12 +276,7 @@ class SentinelDriver(RedisDriver):
 
     def holder(self, name: str) -> HolderInfo:
         replies, epoch, _ = self._run_on([Call(FAIR_HOLDER, self._keys(name).script_keys())])
-        token, pttl, fence, waiters = checked(replies[0], self.spec.label, "holder")
-        if token is None:
-            return HolderInfo(False, waiters=waiters)
-        ttl_left = pttl / 1000 if pttl >= 0 else None
-        lifted = composite_token(epoch, int(fence)) if fence else None
-        return HolderInfo(True, token_hint(token.decode()), lifted, ttl_left, waiters)
+        return holder_info(checked(replies[0], self.spec.label, "holder"), epoch)
 
     def permits(self, events: object = None) -> Any:
         """Semaphores and reader-writer locks on the current master (issue 18)."""

@@ -19,13 +19,26 @@ from redis.exceptions import RedisError
 
 from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, Offer, RenewRequest, one_renewal
 from ....errors import BackendUnavailable
-from ....lease import process_id, token_hint
+from ....lease import process_id
 from ....urls import BackendURL
 from ...epoch import composite_token
 from ..calls import Call
 from ..config import NodeSpec, RedisOptions, redis_nodes
 from ..errors import translate
-from ..flow import Flow, Op, Send, Wait, Watch, acquire_flow, checked, leave_call, ms, release_call, waiter_id
+from ..flow import (
+    Flow,
+    Op,
+    Send,
+    Wait,
+    Watch,
+    acquire_flow,
+    checked,
+    holder_info,
+    leave_call,
+    ms,
+    release_call,
+    waiter_id,
+)
 from ..hub import Hub
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
@@ -226,12 +239,7 @@ class RedisDriver:
         return bool(self._one(release_call(self._keys(name), None), "force_release"))
 
     def holder(self, name: str) -> HolderInfo:
-        reply = self._one(Call(FAIR_HOLDER, self._keys(name).script_keys()), "holder")
-        token, pttl, fence, waiters = reply
-        if token is None:
-            return HolderInfo(False, waiters=waiters)
-        ttl_left = pttl / 1000 if pttl >= 0 else None
-        return HolderInfo(True, token_hint(token.decode()), int(fence) if fence else None, ttl_left, waiters)
+        return holder_info(self._one(Call(FAIR_HOLDER, self._keys(name).script_keys()), "holder"))
 
     def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
         self._one(announce_call(self.options.prefix, group, member, value, ttl), "announce")
