@@ -50,7 +50,8 @@ def _forked() -> None:
     _pid = os.getpid()
 
 
-os.register_at_fork(after_in_child=_forked)
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_forked)
 
 
 def process_id() -> int:

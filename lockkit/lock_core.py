@@ -61,7 +61,8 @@ class _TokenSource:
 
 
 _tokens = _TokenSource()
-os.register_at_fork(after_in_child=_tokens.after_fork)
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_tokens.after_fork)
 
 
 def new_token() -> str:

@@ -159,7 +159,8 @@ def _after_fork_in_child() -> None:
     _writer = _Writer(_writer.directory)  # the parent's thread did not come along; nor must its file name
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)  # after metrics.py's hook, which frees the export lock
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)  # after metrics.py's hook, which frees the export lock
 atexit.register(flush)
 
 

@@ -122,6 +122,8 @@ class _Call:
         except IndexError:
             return
         self.error = error
+        if self.future is None:  # a give-back nobody awaits: say so, its lock or permit lapses at its ttl
+            log.warning("lockkit: a release of a cancelled acquire's grant was not run: %s", error)
         if self.future is not None and self.loop is not None:
             try:
                 self.answer.pop()
@@ -157,13 +159,22 @@ class _Lane:
             if self._closed:
                 raise BackendUnavailable("this backend's asyncio face is closed; open a new locker")
             self._queue.put(call)
-            if self.idle > 0:
-                self.idle -= 1
-                return
-            if self.threads >= self.limit:
-                return  # every thread is busy: the call waits for the first to finish
+            # Every queued call counts against ``idle``, taken by a waiting thread or not: below zero, -idle
+            # calls wait for a thread (a backlog), and a thread that finishes one adds its 1 back as it takes the
+            # next. (Counting only the calls a waiting thread took left ``idle`` above the threads really idle
+            # after a backlog, and once those threads ended no call ever started one again.)
+            self.idle -= 1
+            if self.idle >= 0 or self.threads >= self.limit:
+                return  # a waiting thread takes it, or every thread is busy: the first to finish does
             self.threads += 1
-        threading.Thread(target=self._work, name=f"lockkit-{self.name}", daemon=True).start()
+            self.idle += 1  # the new thread is for this call
+        try:
+            threading.Thread(target=self._work, name=f"lockkit-{self.name}", daemon=True).start()
+        except RuntimeError as exc:  # out of threads: the call is answered with the error, never run later
+            with self._mutex:
+                self.threads -= 1
+                self.idle -= 1  # the call stays queued (withdrawn): the thread that takes it adds this back
+            call.fail(BackendUnavailable(f"lockkit could not start a worker thread ({exc}); retry later"))
 
     def _work(self) -> None:
         queue_, mutex = self._queue, self._mutex
@@ -256,7 +267,11 @@ class Offload:
                     call.answer.pop()
                 except IndexError:  # it answered (finished) already: its outcome is here to clean up
                     if call.error is None and call.result is not None:
-                        self._calls.submit(_Call(self._give_back, (call.result, give_back), None, None))
+                        try:
+                            self._calls.submit(_Call(self._give_back, (call.result, give_back), None, None))
+                        except BackendUnavailable:  # closed meanwhile: the cancellation still goes on
+                            log.warning("lockkit: a cancelled acquire's grant was not released (the locker "
+                                        "closed); it lapses at its ttl")  # fmt: skip
             raise
 
     @staticmethod

@@ -159,3 +159,53 @@ def test_a_forked_child_runs_offloaded_calls_on_threads_of_its_own() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert asyncio.run(use("parent-again"))
     asyncio.run(adapter.close())
+
+
+async def test_a_lane_runs_calls_after_a_backlog_and_its_threads_idled_out() -> None:
+    """More calls at once than a lane has threads, then quiet until every thread ended: the next call must
+    start a thread. The lane counted a backlog's calls as taken by idle threads, so afterwards it believed
+    threads were waiting that had ended, and every later call (a release, a renewal) waited for ever."""
+    from lockkit.offload import Offload
+
+    offload = Offload("backlog", max_threads=2)
+    lanes = (offload._calls, offload._waits)
+    for lane in lanes:
+        lane.idle_seconds = 0.2
+    try:
+        for _ in range(2):  # twice: the second backlog comes after the first one's threads ended
+            await asyncio.gather(*(offload.run(time.sleep, 0.01) for _ in range(150)))  # 64 threads at most
+            await asyncio.sleep(1.0)  # every thread idles out
+            assert (offload._calls.threads, offload._calls.idle) == (0, 0)
+            assert await asyncio.wait_for(offload.run(lambda: 42), 5) == 42
+            stop = lockkit.driver.Cancel()
+            waits = [offload.wait(time.sleep, (0.01,), stop, lambda: None) for _ in range(5)]  # 2 threads
+            await asyncio.wait_for(asyncio.gather(*waits), 10)
+            await asyncio.sleep(1.0)
+            assert (offload._waits.threads, offload._waits.idle) == (0, 0)
+            assert await asyncio.wait_for(offload.wait(lambda: 7, (), stop, lambda: None), 5) == 7
+    finally:
+        offload.close()
+
+
+async def test_a_thread_that_cannot_start_fails_its_call_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of threads: the call is answered with BackendUnavailable and never run later (a queued acquire run
+    by another thread afterwards would hold a lock nobody awaits), and the lane's count stays right."""
+    from lockkit.offload import Offload
+
+    offload = Offload("no-threads", max_threads=2)
+    ran: list[int] = []
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(threading.Thread, "start", refuse)
+            with pytest.raises(lockkit.BackendUnavailable, match="could not start a worker thread"):
+                await offload.run(ran.append, 1)
+        assert (offload._calls.threads, offload._calls.idle) == (0, -1)  # its queued, withdrawn call
+        assert await asyncio.wait_for(offload.run(lambda: 5), 5) == 5  # takes (and skips) the withdrawn one
+        await asyncio.sleep(0.2)
+        assert ran == []
+    finally:
+        offload.close()

@@ -49,13 +49,15 @@ def _forked() -> None:
     _forks += 1
 
 
-os.register_at_fork(after_in_child=_forked)
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_forked)
 
 
 def forks() -> int:
     """Changes in a child made by ``os.fork``: a driver compares it, which costs no system call (``getpid``
     does, on every acquire), before it asks its hubs to :meth:`Hub.own_process`."""
     return _forks
+
 
 log = logging.getLogger("lockkit")
 T = TypeVar("T")

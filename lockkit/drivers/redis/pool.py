@@ -50,7 +50,8 @@ def _forget_the_parents_connections() -> None:
         pool._after_fork()
 
 
-os.register_at_fork(after_in_child=_forget_the_parents_connections)
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 
 class ConnectionPool:

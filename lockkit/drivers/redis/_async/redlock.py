@@ -117,27 +117,28 @@ class AsyncRedlockDriver:
             node = nodes[index]
             repeated = False
             replies: list[Any] | BaseException
-            if not isinstance(sent, BaseException):
-                try:
-                    replies = await node.receive(sent, deadline)
-                except RedisConnectionError as exc:
-                    replies = exc
-                    if idempotent:  # a stale pooled connection: once more on a fresh one
+            try:  # interrupted anywhere here (a reply, a retry): the later masters' replies will not be read
+                if not isinstance(sent, BaseException):
+                    try:
+                        replies = await node.receive(sent, deadline)
+                    except RedisConnectionError as exc:
+                        replies = exc
+                        if idempotent:  # a stale pooled connection: once more on a fresh one
+                            with contextlib.suppress(RedisError, OSError):
+                                replies = await node.run(calls, False)
+                                repeated = True  # sent: it may have run, only its reply lost
+                    except (RedisError, OSError) as exc:
+                        replies = exc
+                else:  # nothing was sent: no reply to wait for
+                    replies = sent
+                    if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
                         with contextlib.suppress(RedisError, OSError):
                             replies = await node.run(calls, False)
-                            repeated = True  # sent: it may have run, only its reply lost
-                except (RedisError, OSError) as exc:
-                    replies = exc
-                except BaseException:  # interrupted: the later masters' replies will not be read
-                    for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
-                        if not isinstance(item, BaseException):
-                            later.abandon(item)
-                    raise
-            else:  # nothing was sent: no reply to wait for
-                replies = sent
-                if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
-                    with contextlib.suppress(RedisError, OSError):
-                        replies = await node.run(calls, False)
+            except BaseException:
+                for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
+                    if not isinstance(item, BaseException):
+                        later.abandon(item)
+                raise
             failed = failed or isinstance(replies, BaseException)
             results.append(NodeResult(replies, node.state.epoch, repeated))
         if failed:  # only a failed master can have refused the login
