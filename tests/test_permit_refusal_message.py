@@ -51,9 +51,11 @@ def test_a_lost_permit_is_reported_as_a_permit(caplog: pytest.LogCaptureFixture)
         lease = permit.acquire()
         assert lease.kind == "semaphore"
         locks.force_release_permits("exports")
-        with caplog.at_level("WARNING", logger="lockkit"):
-            with pytest.raises(lockkit.LockLost, match=r"^semaphore 'exports' was lost"):
-                permit.renew()
+        with (
+            caplog.at_level("WARNING", logger="lockkit"),
+            pytest.raises(lockkit.LockLost, match=r"^semaphore 'exports' was lost"),
+        ):
+            permit.renew()
         assert "lockkit: semaphore 'exports' lost" in caplog.text
         with pytest.raises(lockkit.LockLost, match=r"^semaphore 'exports' was lost"):
             lease.ensure_valid()
