@@ -25,11 +25,22 @@ from ....urls import BackendURL
 from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..errors import refused_logins
-from ..flow import YIELD_MIN, YIELD_ROUNDS, Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
+from ..flow import YIELD_MIN, YIELD_ROUNDS, Op, Send, Wait, Watch, ms, redlock_acquire_flow, redlock_take
 from ..hub import Hub, forks
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
-from ..quorum import NodeResult, count_ok, count_repeated_misses, others_woken, quorum, tally_renew
+from ..quorum import (
+    FirstAttempt,
+    NodeResult,
+    count_ok,
+    count_released,
+    count_repeated_misses,
+    node_result,
+    others_woken,
+    quorum,
+    tally_acquire,
+    tally_renew,
+)
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ..semaphore_scripts import REDLOCK_PERMITS
 from .connection import Connection, stale_connections
@@ -142,20 +153,13 @@ class RedlockDriver:
                         later.abandon(item)
                 raise
             failed = failed or isinstance(replies, BaseException)
-            results.append(NodeResult(replies, node.state.epoch, repeated))
+            results.append(node_result((replies, node.state.epoch, repeated)))
         if failed:  # only a failed master can have refused the login
             errors = [r.replies if isinstance(r.replies, BaseException) else None for r in results]
             refused = refused_logins(self.specs, errors, self.need)
             if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
                 raise refused
         return results
-
-    def _flow(
-        self, keys: LockKeys, token: str, ttl: float, deadline: float | None, pause: float
-    ) -> Flow[tuple[Grant, Epochs] | None]:
-        return redlock_acquire_flow(
-            keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay, pause
-        )
 
     def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
         if result is None:
@@ -174,7 +178,6 @@ class RedlockDriver:
         if cancel is not None and cancel.cancelled:
             return None
         keys = self._keys(name)
-        channel = keys.channel
         pause = 0.0
         if self._yields:
             until = self._yields.pop(name, None)
@@ -184,8 +187,31 @@ class RedlockDriver:
             for hub in self._hubs:
                 hub.own_process()
             self._forks = forks()
-        # made before the first attempt: its snapshot of the hubs must predate it
-        watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel)
+        channel = keys.channel
+        # Taken before the first attempt, for the watcher of a wait that may follow it: a release published
+        # between that attempt and the watcher's subscription is then seen as missed (the flow looks again)
+        # instead of being slept through (Hub.snapshot; tests/test_flows.py missed_wake_up).
+        before = [hub.snapshot(channel) for hub in self._hubs]
+        first = None
+        if pause <= 0:
+            # The uncontended fast path: the first attempt made here, without the flow, its runner, a watcher
+            # or a task (most acquires end with it). A failed one goes on in the flow below, from its results.
+            sent_at = self.clock()  # before the first send: the validity counts from here
+            try:
+                results = self._fan_out(redlock_take(keys, token, ttl), False)
+            except Exception:
+                raise  # the fan-out's own verdict (a refused login): nothing to undo, as in the flow
+            except BaseException:
+                # Interrupted half-way (an asyncio cancel, a signal): the SET may have reached some masters, a
+                # quorum even. Undo it on every master (owner-checked), so it does not hold them for a TTL.
+                self._background.clean_up(self._undo, name, token)
+                raise
+            elapsed = self.clock() - sent_at
+            tally = tally_acquire(results, ttl, elapsed)
+            if tally.granted:
+                return self._granted(token, (Grant(0, ttl, sent_at), tally.epochs))
+            first = FirstAttempt(sent_at, elapsed, results, tally)
+        watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel, None, before)
 
         def perform(op: Op) -> Any:
             if isinstance(op, Send):
@@ -197,7 +223,10 @@ class RedlockDriver:
 
         def attempt() -> Grant | None:
             try:
-                return self._granted(token, drive(self._flow(keys, token, ttl, deadline, pause), perform))
+                flow = redlock_acquire_flow(
+                    keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay, pause, first
+                )
+                return self._granted(token, drive(flow, perform))
             finally:
                 watcher.close()
 
@@ -241,12 +270,15 @@ class RedlockDriver:
         call = self._release_call(name, token)
         sent_at = self.clock()
         results = self._fan_out([call], True)
-        self._epochs.pop(token, None)
-        ok, reached = count_ok(results)
+        if self._epochs:
+            self._epochs.pop(token, None)
+        ok, reached, woke = count_released(results)
         if ok >= self.need:
-            channel = call.args[1]
-            if others_woken(results, lambda i: self._hubs[i].snapshot(channel) is not None):
-                self._yield(name, sent_at)
+            # Only a master whose release woke a subscriber besides ours can tell of another client waiting.
+            if woke:
+                channel = call.args[1]
+                if others_woken(results, lambda i: self._hubs[i].snapshot(channel) is not None):
+                    self._yield(name, sent_at)
             return True
         # A master whose release was retried after the connection broke under it may have run the first
         # attempt (only its reply lost): its "not ours" then means "already released by us". If those could
