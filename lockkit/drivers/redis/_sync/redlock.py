@@ -26,7 +26,7 @@ from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..errors import refused_logins
 from ..flow import YIELD_MIN, YIELD_ROUNDS, Op, Send, Wait, Watch, ms, redlock_acquire_flow, redlock_take
-from ..hub import Hub, forks
+from ..hub import Hub, forks, snapshot_all
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ..quorum import (
@@ -82,6 +82,8 @@ class RedlockDriver:
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
         self._forks = forks()
         """The process the hubs belong to, as :func:`..hub.forks` counts it (see Hub.own_process)."""
+        self._recent: tuple[str, LockKeys] | None = None
+        """The last name whose keys were made, and its keys (lock_keys costs about as much as a tally)."""
         self._yields: dict[str, float] = {}
         """Per lock this client released while another client waited for it: until when (on ``clock``) its next
         acquire lets the waiter have it (flow.YIELD_ROUNDS)."""
@@ -91,7 +93,12 @@ class RedlockDriver:
         return cls(*redlock_nodes(url), ctx)
 
     def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.options.prefix, name)
+        recent = self._recent  # one read: the blocking face's other threads may replace it meanwhile
+        if recent is not None and recent[0] == name:  # the release of the lock just acquired: the same keys
+            return recent[1]
+        keys = lock_keys(self.options.prefix, name)
+        self._recent = (name, keys)
+        return keys
 
     def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         nodes = self._nodes
@@ -126,40 +133,43 @@ class RedlockDriver:
         deadline = time.monotonic() + self.options.timeout
         results: list[NodeResult] = []
         failed = False
-        for index, sent in enumerate(pending):
-            node = nodes[index]
-            repeated = False
-            replies: list[Any] | BaseException
-            try:  # interrupted anywhere here (a reply, a retry): the later masters' replies will not be read
+        index = 0
+        try:  # interrupted anywhere here (a reply, a retry): the later masters' replies will not be read
+            for index, sent in enumerate(pending):
+                node = nodes[index]
                 if not isinstance(sent, BaseException):
                     try:
-                        replies = node.receive(sent, deadline)
-                    except RedisConnectionError as exc:
-                        replies = exc
-                        if idempotent:  # a stale pooled connection: once more on a fresh one
-                            with contextlib.suppress(RedisError, OSError):
-                                replies = node.run(calls, False)
-                                repeated = True  # sent: it may have run, only its reply lost
+                        results.append(node_result((node.receive(sent, deadline), node.state.epoch, False)))
+                        continue  # the usual way: nothing else per master
                     except (RedisError, OSError) as exc:
-                        replies = exc
+                        error: BaseException = exc
                 else:  # nothing was sent: no reply to wait for
-                    replies = sent
-                    if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
-                        with contextlib.suppress(RedisError, OSError):
-                            replies = node.run(calls, False)
-            except BaseException:
-                for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
-                    if not isinstance(item, BaseException):
-                        later.abandon(item)
-                raise
-            failed = failed or isinstance(replies, BaseException)
-            results.append(node_result((replies, node.state.epoch, repeated)))
+                    error = sent
+                replies, repeated = self._again(node, calls, idempotent, error, sent is not error)
+                failed = failed or isinstance(replies, BaseException)
+                results.append(node_result((replies, node.state.epoch, repeated)))
+        except BaseException:
+            for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
+                if not isinstance(item, BaseException):
+                    later.abandon(item)
+            raise
         if failed:  # only a failed master can have refused the login
             errors = [r.replies if isinstance(r.replies, BaseException) else None for r in results]
             refused = refused_logins(self.specs, errors, self.need)
             if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
                 raise refused
         return results
+
+    def _again(
+        self, node: SyncNode, calls: Sequence[Call], idempotent: bool, error: BaseException, sent: bool
+    ) -> tuple[list[Any] | BaseException, bool]:
+        """What a master that failed in a fan-out answers: idempotent calls once more on a fresh connection
+        after a connection error (a stale pooled connection), else the error; and whether the calls may have run
+        twice (``sent``: the error came after they were sent, so they may have run, only the reply lost)."""
+        if idempotent and isinstance(error, RedisConnectionError):
+            with contextlib.suppress(RedisError, OSError):
+                return node.run(calls, False), sent
+        return error, False
 
     def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
         if result is None:
@@ -191,7 +201,7 @@ class RedlockDriver:
         # Taken before the first attempt, for the watcher of a wait that may follow it: a release published
         # between that attempt and the watcher's subscription is then seen as missed (the flow looks again)
         # instead of being slept through (Hub.snapshot; tests/test_flows.py missed_wake_up).
-        before = [hub.snapshot(channel) for hub in self._hubs]
+        before = snapshot_all(self._hubs, channel)
         first = None
         if pause <= 0:
             # The uncontended fast path: the first attempt made here, without the flow, its runner, a watcher
