@@ -70,6 +70,10 @@ Epochs = tuple[int | None, ...]
 
 class RedlockDriver:
     guarantees: ClassVar[Guarantees] = GUARANTEES
+    finish_inline: ClassVar[bool] = True
+    """Its calls (fan-outs over the nodes, which the single-node driver uses too) never cancel the task they run
+    in, so an asyncio release or renew runs in the caller's task, not a task of its own
+    (``lockkit._async.cancel_safe``; issue 17)."""
 
     def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
         self.specs, self.options, self.clock = specs, options, ctx.clock
