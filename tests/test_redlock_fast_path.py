@@ -3,6 +3,8 @@ the acquire flow, a watcher or a task, and only a failed one goes on in the flow
 
 * a first attempt that won only a minority is undone on every master (L-3: two contenders that split the vote),
   and never taken for a grant;
+* on the asyncio face, a cancel that interrupts the first attempt undoes what it may have taken, on every master
+  (C-8: a cancelled acquire leaves nothing behind);
 * the hubs' snapshot for a wait that may follow is taken before the first attempt, so that a release published
   between the failed attempt (with its undo, which reads the holder's PTTL) and the waiter's subscription is seen
   as missed (look again) instead of slept through until the holder's TTL (L-8: a waiting client).
@@ -12,19 +14,22 @@ Real masters (backends/servers.py), the blocking face (the asyncio face is the s
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 
+import pytest
 import redis
 
+from backends.pytest_fixtures import RedlockFactory
 from backends.servers import RedlockServers
 from lockkit.driver import DriverContext, Grant
 from lockkit.drivers.redis.calls import Call
 from lockkit.drivers.redis.keys import lock_keys
 from lockkit.drivers.redis.quorum import NodeResult
-from lockkit.drivers.redis.redlock import RedlockDriver
+from lockkit.drivers.redis.redlock import AsyncRedlockDriver, RedlockDriver
 from lockkit.drivers.redis.scripts import RELEASE
 from lockkit.urls import parse_url
 
@@ -114,3 +119,36 @@ def test_L8_a_release_after_the_failed_first_attempt_and_before_the_subscription
     finally:
         holder.close()
         waiter.close()
+
+
+async def test_c8_a_cancel_during_the_first_attempt_undoes_it_on_every_master(fresh_redlock: RedlockFactory) -> None:
+    """The first attempt's SETs are written to all five masters; the first master is paused, so the fan-out
+    waits for its reply, and the awaiting task is cancelled there. The four others applied the SET (a quorum:
+    a grant nobody will use) and the paused one applies it when it resumes: the undo, in a task of its own,
+    removes it from all five, well before the 30 s TTL."""
+    group = fresh_redlock()
+    driver = AsyncRedlockDriver.from_url(parse_url(group.url + "?timeout=3"), DriverContext())
+    n = _name()
+    key = lock_keys("lockkit:", n).lock
+    masters = _raw(group)
+    try:
+        assert await driver.acquire(n + "-warm", "t0", 5.0, None) is not None  # connections made, scripts loaded
+        assert await driver.release(n + "-warm", "t0")
+        group[0].pause()
+        try:
+            task = asyncio.ensure_future(driver.acquire(n, "t1", 30.0, None))
+            until = time.monotonic() + 5
+            while sum(m.get(key) == b"t1" for m in masters[1:]) < 4:  # the SETs reached the running masters
+                assert time.monotonic() < until, "the first attempt never reached the masters"
+                await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            group[0].resume()
+        until = time.monotonic() + 5
+        while any(m.get(key) is not None for m in masters):
+            assert time.monotonic() < until, [m.get(key) for m in masters]
+            await asyncio.sleep(0.01)
+    finally:
+        await driver.close()
