@@ -27,10 +27,12 @@ from backends.pytest_fixtures import RedlockFactory
 from backends.servers import RedlockServers
 from lockkit.driver import DriverContext, Grant
 from lockkit.drivers.redis.calls import Call
+from lockkit.drivers.redis.flow import Send, redlock_acquire_flow, redlock_take
 from lockkit.drivers.redis.keys import lock_keys
-from lockkit.drivers.redis.quorum import NodeResult
+from lockkit.drivers.redis.quorum import FirstAttempt, NodeResult, tally_acquire
 from lockkit.drivers.redis.redlock import AsyncRedlockDriver, RedlockDriver
 from lockkit.drivers.redis.scripts import RELEASE
+from lockkit.testing import FakeClock
 from lockkit.urls import parse_url
 
 SLACK = 2.5
@@ -47,6 +49,30 @@ def _driver(servers: RedlockServers) -> RedlockDriver:
 
 def _raw(servers: RedlockServers) -> list[redis.Redis]:
     return [redis.Redis(host=s.host, port=s.port, socket_timeout=2) for s in servers]
+
+
+def test_L3_the_flow_handed_a_failed_first_attempt_goes_on_with_its_undo_on_every_master() -> None:
+    """No I/O: the flow, given a first attempt that won two masters of five, sends no SET of its own first: its
+    first operation is the undo (RELEASE of our token, then PTTL), to every master; a one-shot then gives up."""
+    clock = FakeClock(1000.0)
+    keys = lock_keys("lockkit:", "flow")
+    won, lost = NodeResult([b"OK"], 0), NodeResult([None], 0)
+    results = [won, won, lost, lost, lost]
+    sent_at = clock()
+    clock.advance(0.002)
+    first = FirstAttempt(sent_at, 0.002, results, tally_acquire(results, 10.0, 0.002))
+    assert redlock_take(keys, "ours", 10.0)[0].args[:2] == ("SET", keys.lock)
+    flow = redlock_acquire_flow(keys, "ours", 10.0, clock(), clock, 5, 0.2, 0.0, first)
+    undo = next(flow)
+    assert isinstance(undo, Send) and undo.idempotent
+    release, pttl = undo.calls
+    assert release.script is RELEASE and release.args[0] == "ours" and pttl.args == ("PTTL", keys.lock)
+    try:
+        step = flow.send([NodeResult([1, -2], 0)] * 2 + [NodeResult([0, 5000], 0)] * 3)
+    except StopIteration as stop:
+        assert stop.value is None  # the deadline (a one-shot) has passed: no wait, no second attempt
+    else:
+        raise AssertionError(f"a one-shot went on after its undo: {step!r}")
 
 
 def test_L3_a_first_attempt_that_won_a_minority_is_undone_on_every_master(redlock_servers: RedlockServers) -> None:
