@@ -202,7 +202,7 @@ class AsyncRedlockDriver:
         channel = keys.channel
         # Taken before the first attempt, for the watcher of a wait that may follow it: a release published
         # between that attempt and the watcher's subscription is then seen as missed (the flow looks again)
-        # instead of being slept through (Hub.snapshot; tests/test_flows.py missed_wake_up).
+        # instead of being slept through (Hub.snapshot; tests/test_redlock_fast_path.py, L-8).
         before = snapshot_all(self._hubs, channel)
         first = None
         if pause <= 0:
