@@ -29,7 +29,6 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
@@ -38,7 +37,7 @@ from typing import Any, Protocol
 
 from ._async.cancel_safe import wait_event
 from .driver import Grant, RenewRequest
-from .lease import Lease, LeaseState, RenewalTicket
+from .lease import Lease, LeaseState, RenewalTicket, process_id
 from .metrics import BackendStats
 from .timing import Clock
 
@@ -623,7 +622,8 @@ def scheduler(clock: Clock) -> RenewalScheduler:
     """The one renewal thread of this process (a new one after ``fork``, which copies no threads)."""
     # Keyed by clock too, so that a test's fake clock never drives real leases' deadlines.
     last = _last_scheduler
-    if last is not None and last[1] is clock and last[0] == os.getpid():
+    # The pid kept since start-up or the last fork (lease.process_id), not os.getpid(): a system call per acquire
+    if last is not None and last[1] is clock and last[0] == process_id():
         return last[2]  # the hot path: every acquire and release asks, almost always for the same one
     return _find_scheduler(clock)
 
@@ -633,7 +633,7 @@ _last_scheduler: tuple[int, Clock, RenewalScheduler] | None = None
 
 def _find_scheduler(clock: Clock) -> RenewalScheduler:
     global _last_scheduler
-    key = (os.getpid(), clock)
+    key = (process_id(), clock)
     with _process_guard:
         found = _process_schedulers.get(key)
         if found is None:
