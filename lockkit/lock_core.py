@@ -180,7 +180,10 @@ class LockCore:
         """The lease a release/renew acts on; ``LockNotOwned`` if this handle holds none here."""
         lease = self.lease  # one read (see begin)
         if lease is None:
-            raise LockNotOwned(f"cannot {action} {self.name!r}: this {self.kind} handle does not hold it")
+            raise LockNotOwned(
+                f"cannot {action} {self.name!r}: this {self.kind} handle does not hold it; acquire it first "
+                "(a handle releases and renews only what it acquired itself)"
+            )
         if not lease.ours():
             raise LockNotOwned(
                 f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "
@@ -240,10 +243,16 @@ class LockCore:
             if ticket is not None:
                 lease.renewal_refused(ticket)
             lease.mark_lost("renew found the server no longer holds our token")  # counted by the backend
-            raise LockLost(f"{self.noun} {self.name!r} was lost: the server no longer holds our token")
+            raise LockLost(
+                f"{self.noun} {self.name!r} was lost: the server no longer holds our token; stop the work that "
+                "relied on it and acquire it again (a longer ttl, or auto_renew, keeps it held)"
+            )
         if not lease.extend(grant.sent_at, grant.ttl, ticket):
             lease.ensure_valid()
-            raise LockLost(f"{self.noun} {self.name!r} was lost before the renewal completed")
+            raise LockLost(
+                f"{self.noun} {self.name!r} was lost before the renewal completed; stop the work that relied on "
+                "it and acquire it again (renew well before the ttl runs out: auto_renew does, at a third of it)"
+            )
         self.backend.stats.count("renewals")
         return lease
 
