@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
-from ....errors import BackendUnavailable
+from ....errors import BackendUnavailable, ConfigError
 from ....lease import token_hint
 from ....urls import BackendURL
 from ..calls import Call, pack_calls
@@ -84,6 +84,9 @@ class AsyncRedlockDriver:
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
         self._forks = forks()
         """The process the hubs belong to, as :func:`..hub.forks` counts it (see Hub.own_process)."""
+        self._unverified = True
+        """Until every master has answered with a run_id of its own: two URL entries may name one server
+        (127.0.0.1 and localhost), which the URL check cannot see (L-6; see :meth:`_refuse_shared_masters`)."""
         self._recent: tuple[str, LockKeys] | None = None
         """The last name whose keys were made, and its keys (lock_keys costs about as much as a tally)."""
         self._yields: dict[str, float] = {}
@@ -160,7 +163,26 @@ class AsyncRedlockDriver:
             refused = refused_logins(self.specs, errors, self.need)
             if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
                 raise refused
+        if self._unverified:
+            self._refuse_shared_masters()
         return results
+
+    def _refuse_shared_masters(self) -> None:
+        """A ``ConfigError`` if two masters answered with one run_id: a quorum counted over them is fake (one
+        server's vote counted twice). Checked after each fan-out until every master has answered; the keys a
+        refused acquire set there expire at their ttl (the client never holds the lock)."""
+        owners: dict[str, str] = {}
+        for spec, node in zip(self.specs, self._nodes, strict=True):
+            run_id = node.state.run_id
+            if run_id is None:
+                continue
+            other = owners.setdefault(run_id, spec.label)
+            if other != spec.label:
+                raise ConfigError(
+                    f"redlock: masters {other} and {spec.label} are one Redis server (the same run_id): a quorum "
+                    "counted over them is not a majority of independent servers. List each server once"
+                )
+        self._unverified = len(owners) < len(self._nodes)
 
     async def _again(
         self, node: AsyncNode, calls: Sequence[Call], idempotent: bool, error: BaseException, sent: bool
