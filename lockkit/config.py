@@ -73,7 +73,10 @@ class Settings:
         if backend is not None:
             if backend not in self.backends:
                 known = ", ".join(sorted(self.backends))
-                raise ConfigError(f"no backend named {backend!r} in {self.source}; configured: {known}")
+                raise ConfigError(
+                    f"no backend named {backend!r} in {self.source}; configured: {known}. "
+                    "Use one of them, or add a [backends.NAME] table"
+                )
             return backend
         route = self.route_for(name)
         return self.default if route is None else route.backend
@@ -121,7 +124,10 @@ def _expand(value: str, where: str, env: Mapping[str, str], url: bool = False) -
         if var is None:
             return "$"
         if var not in env:
-            raise ConfigError(f"{where} uses ${{{var}}}, but the environment variable {var} is not set")
+            raise ConfigError(
+                f"{where} uses ${{{var}}}, but the environment variable {var} is not set; "
+                "set it in the environment of this process, or write the value into the file"
+            )
         if scheme_end <= match.start() < userinfo_end:
             if safe.endswith(":"):
                 user, colon, password = env[var].partition(":")
@@ -139,12 +145,18 @@ def _scalar(value: Any, where: str, env: Mapping[str, str]) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return str(value)
-    raise ConfigError(f"{where} must be a string, number or boolean, got {type(value).__name__}")
+    raise ConfigError(
+        f"{where} must be a string, number or boolean, got {type(value).__name__}; write the value as one "
+        "(quote it as a string if unsure)"
+    )
 
 
 def _table(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
+        raise ConfigError(
+            f"{where} must be a table, got {type(value).__name__}; write it as a [section] or an inline "
+            "{ key = value }"
+        )
     return value
 
 
@@ -157,13 +169,16 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
     for name, raw in _table(data.get("backends", {}), f"{source}: [backends]").items():
         where = f"{source}: [backends.{name}]"
         if not _NAME.match(name):
-            raise ConfigError(f"{where}: backend names use letters, digits, '_', '-' and '.'")
+            raise ConfigError(f"{where}: backend names use letters, digits, '_', '-' and '.'; rename the table")
         table = _table(raw, where)
         if "migrate" in table:
             migrate = _table(table["migrate"], f"{where} migrate")
             extra = set(table) - {"migrate"}
             if extra:
-                raise ConfigError(f"{where}: a migrate backend takes only 'migrate', not {sorted(extra)[0]!r}")
+                raise ConfigError(
+                    f"{where}: a migrate backend takes only 'migrate', not {sorted(extra)[0]!r}; "
+                    "remove it (options go on the from and to backends)"
+                )
             spec = {k: _scalar(v, f"{where} migrate.{k}", env) for k, v in migrate.items()}
             unknown_keys = set(spec) - {"from", "to", "phase", "group", "presence_ttl"}
             if unknown_keys or "phase" not in spec:
@@ -197,7 +212,8 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
         default = next(iter(backends))
     if not isinstance(default, str) or default not in backends:
         raise ConfigError(
-            f"{source}: default = {default!r} names no backend; configured: {', '.join(sorted(backends))}"
+            f"{source}: default = {default!r} names no backend; configured: {', '.join(sorted(backends))}. "
+            "Set default to one of them"
         )
     where_routes = f"{source}: [routes]"
     routes = [
@@ -211,7 +227,8 @@ def parse_settings(data: Mapping[str, Any], source: str, env: Mapping[str, str] 
                 ref = backend_spec.migrate.get(role)
                 if ref not in backends or ref == name or backends[ref].migrate is not None:
                     raise ConfigError(
-                        f"{source}: [backends.{name}] migrate.{role} = {ref!r} must name another, non-migrate backend"
+                        f"{source}: [backends.{name}] migrate.{role} = {ref!r} must name another, non-migrate backend; "
+                        "point it at a plain [backends.NAME] with a url"
                     )
                 if _sets_epoch(backends[ref]):
                     raise ConfigError(
@@ -238,11 +255,13 @@ def load_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
     except FileNotFoundError:
-        raise ConfigError(f"config file {source} does not exist") from None
+        raise ConfigError(f"config file {source} does not exist; check the path, or create the file") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {source}: {exc.strerror}") from None
+        raise ConfigError(
+            f"cannot read config file {source}: {exc.strerror}; check that this user may read it"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{source} is not valid TOML: {exc}; fix the syntax at that line") from None
     return parse_settings(data, source, env)
 
 
@@ -271,7 +290,10 @@ def backend_url(spec: BackendSpec, source: str) -> BackendURL:
         merged = dict(url.options)
         for key, value in spec.options.items():
             if key in merged:
-                raise ConfigError(f"{source}: backend {spec.name!r}: option {key!r} is set in both url and table")
+                raise ConfigError(
+                    f"{source}: backend {spec.name!r}: option {key!r} is set in both url and table; "
+                    "keep it in one of them"
+                )
             merged[key] = value
         url = BackendURL(url.scheme, url.hosts, url.path, url.username, url.password, merged)
     return url

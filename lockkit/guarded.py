@@ -36,7 +36,10 @@ def current_lease() -> Lease:
     """
     lease = _current.get()
     if lease is None:
-        raise LockError("lockkit.current_lease() is only available inside a function decorated with locked()")
+        raise LockError(
+            "lockkit.current_lease() is only available inside a function decorated with locked(); "
+            "elsewhere use the Lease that acquire() returns"
+        )
     return lease
 
 
@@ -55,7 +58,10 @@ class NameTemplate:
 
     def __init__(self, template: object) -> None:
         if not isinstance(template, str):
-            raise ConfigError(f"locked() takes a lock name (a str, may have {{parameter}} fields), got {template!r}")
+            raise ConfigError(
+                f"locked() takes a lock name (a str, may have {{parameter}} fields), got {template!r}; "
+                "e.g. locked('report:{{day}}')"
+            )
         try:
             parsed = list(string.Formatter().parse(template))
         except ValueError as exc:
@@ -75,7 +81,8 @@ class NameTemplate:
         if unknown:
             raise ConfigError(
                 f"lock name template {self.template!r} uses {{{unknown[0]}}}, but {fn.__name__}() has no "
-                f"parameter of that name (it has: {', '.join(signature.parameters) or 'none'})"
+                f"parameter of that name (it has: {', '.join(signature.parameters) or 'none'}); rename the field or "
+                "the parameter"
             )
         return signature
 

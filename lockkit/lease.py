@@ -184,7 +184,10 @@ class Lease:
         if self.valid:
             return
         if _pid != self._pid:
-            raise LockLost(f"{self.kind} {self.name!r} was acquired by process {self._pid}, not this one")
+            raise LockLost(
+                f"{self.kind} {self.name!r} was acquired by process {self._pid}, not this one; "
+                "a forked child must acquire its own locks"
+            )
         if self._state is LeaseState.RELEASED:
             raise LockLost(f"{self.kind} {self.name!r} was released; acquire it again before relying on it")
         if self._state is LeaseState.UNCERTAIN:

@@ -265,7 +265,7 @@ class LockCore:
         if lease is not None and not lease.valid and lease.ours():
             return LockLost(
                 f"{self.noun} {self.name!r} was lost while the with-block ran ({lease.lost_reason}); "
-                "its work may have overlapped another holder's"
+                "its work may have overlapped another holder's: check it, and use a longer ttl or keep auto_renew on"
             )
         return None
 

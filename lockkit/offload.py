@@ -213,7 +213,11 @@ class _Lane:
             for _ in range(self.threads):
                 self._queue.put(None)
         for call in pending:
-            call.fail(BackendUnavailable("the locker was closed before this call ran"))
+            call.fail(
+                BackendUnavailable(
+                    "the locker was closed before this call ran; close the locker only after its calls finish"
+                )
+            )
 
     def after_fork(self) -> None:
         self._reset()  # the parent's threads do not exist here; a lock one of them held may be held for good

@@ -101,9 +101,12 @@ def load_factory(scheme: str) -> DriverFactory:
         try:
             return cast(DriverFactory, plugins[scheme].load())
         except ImportError as exc:
-            raise ConfigError(f"the driver registered for {scheme}:// failed to import: {exc}") from exc
+            raise ConfigError(
+                f"the driver registered for {scheme}:// failed to import: {exc}; check that its package is "
+                "installed in this environment and imports cleanly"
+            ) from exc
     known = ", ".join(sorted(set(_BUILTIN) | set(plugins)))
-    raise ConfigError(f"unknown lock backend scheme {scheme!r}; known schemes: {known}")
+    raise ConfigError(f"unknown lock backend scheme {scheme!r}; known schemes: {known}. Fix the URL's scheme")
 
 
 def _split_epoch(url: BackendURL) -> tuple[int, BackendURL]:

@@ -113,15 +113,16 @@ def parse_route(pattern: str, value: Any, backends: Mapping[str, object], where:
     else:
         raise ConfigError(f"{here} = {value!r}: expected a backend name or a table; configured backends: {known}")
     if not isinstance(route.backend, str) or route.backend not in backends:
-        raise ConfigError(f"{here} = {route.backend!r} names no backend; configured: {known}")
+        raise ConfigError(f"{here} = {route.backend!r} names no backend; configured: {known}. Use one of them")
     has_wildcard = any(c in pattern for c in _WILDCARDS)
     if not has_wildcard:
         try:
             validate_name(pattern)
         except InvalidLockName as exc:
-            raise ConfigError(f"{here}: no lock name can match this pattern ({exc})") from None
+            raise ConfigError(f"{here}: no lock name can match this pattern ({exc}); fix the pattern") from None
     elif len(_literal_prefix(pattern).encode()) > MAX_NAME_BYTES:
-        raise ConfigError(f"{here}: no lock name can match this pattern (names are at most {MAX_NAME_BYTES} bytes)")
+        raise ConfigError(f"{here}: no lock name can match this pattern (names are at most {MAX_NAME_BYTES} bytes); "
+                "shorten it")
     if route.exact and has_wildcard:
         raise ConfigError(f"{here}: exact = true, but the pattern has a wildcard ({_WILDCARDS!r}); drop one of them")
     if not has_wildcard and not route.exact and pattern[-1] in _PREFIX_ENDINGS:

@@ -56,10 +56,12 @@ def lease_deadline(sent_at: float, ttl: float) -> float:
 def _number(value: object, what: str) -> float:
     # bool is an int subclass: ttl=True would silently mean one second.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{what} must be a number of seconds, got {type(value).__name__} {value!r}")
+        raise ConfigError(
+            f"{what} must be a number of seconds, got {type(value).__name__} {value!r}; pass an int or float, e.g. 30"
+        )
     result = float(value)
     if math.isnan(result):
-        raise ConfigError(f"{what} must be a number of seconds, got NaN")
+        raise ConfigError(f"{what} must be a number of seconds, got NaN; pass a finite number")
     return result
 
 

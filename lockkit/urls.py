@@ -87,16 +87,16 @@ def _parse_host(part: str, shown: str) -> tuple[str, int | None]:
     if part.startswith("["):
         end = part.find("]")
         if end == -1:
-            raise ConfigError(f"unclosed '[' in IPv6 host of {shown}")
+            raise ConfigError(f"unclosed '[' in IPv6 host of {shown}; write it as [::1]:6379")
         host, rest = part[1:end], part[end + 1 :]
         if rest and not rest.startswith(":"):
-            raise ConfigError(f"unexpected {rest!r} after IPv6 host in {shown}")
+            raise ConfigError(f"unexpected {rest!r} after IPv6 host in {shown}; write it as [::1]:6379")
         port_text = rest[1:] if rest else None
     else:
         host, colon, port_text_raw = part.partition(":")
         port_text = port_text_raw if colon else None
     if not host:
-        raise ConfigError(f"empty host in {shown}")
+        raise ConfigError(f"empty host in {shown}; write scheme://host:port, e.g. redis://localhost:6379/0")
     if port_text is None:
         return host, None
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
@@ -107,7 +107,9 @@ def _parse_host(part: str, shown: str) -> tuple[str, int | None]:
 def parse_url(url: object) -> BackendURL:
     """Split a backend URL into its parts; raise :class:`ConfigError` naming the (masked) URL."""
     if not isinstance(url, str):
-        raise ConfigError(f"a backend URL must be a str, got {type(url).__name__}")
+        raise ConfigError(
+            f"a backend URL must be a str, got {type(url).__name__}; pass it as text, e.g. 'redis://localhost:6379/0'"
+        )
     if not url:
         raise ConfigError("the backend URL is empty; e.g. redis://localhost:6379/0")
     shown = redact(url)
@@ -116,7 +118,9 @@ def parse_url(url: object) -> BackendURL:
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise ConfigError(f"malformed URL {shown!r}: {exc}") from None
+        raise ConfigError(
+            f"malformed URL {shown!r}: {exc}; expected scheme://[user:password@]host:port/path?option=value"
+        ) from None
     scheme = parts.scheme.lower()
     netloc = url.split("://", 1)[1]
     for stop in "/?#":
@@ -146,7 +150,7 @@ def parse_url(url: object) -> BackendURL:
         raise ConfigError(f"malformed query string in {shown!r}: expected option=value&…") from None
     for key, value in pairs:
         if key in options:
-            raise ConfigError(f"option {key!r} is given twice in {shown!r}")
+            raise ConfigError(f"option {key!r} is given twice in {shown!r}; keep one")
         options[key] = value
     return BackendURL(scheme, hosts, unquote(parts.path), username, password, types.MappingProxyType(options))
 
@@ -175,7 +179,7 @@ def _convert(raw: str, target: Any, key: str, shown: str) -> Any:
             return value
     except ValueError:
         name = getattr(target, "__name__", str(target))
-        raise ConfigError(f"option {key}={raw!r} in {shown!r} must be a {name}") from None
+        raise ConfigError(f"option {key}={raw!r} in {shown!r} must be a {name}; fix its value") from None
     return raw
 
 

@@ -97,7 +97,8 @@ class Locker:
         try:
             ttl = float(migrate.get("presence_ttl", "15"))
         except ValueError:
-            raise ConfigError(f"migrate.presence_ttl must be a number, got {migrate['presence_ttl']!r}") from None
+            raise ConfigError(f"migrate.presence_ttl must be a number, got {migrate['presence_ttl']!r}; "
+                "give seconds from 1 to 3600, e.g. presence_ttl = 30") from None
         options = MigrateOptions(migrate["phase"], migrate.get("group", spec.name), ttl)
         # The components are blocking drivers on both faces, with their own connections; they report session
         # events to the migrate backend.
@@ -202,9 +203,14 @@ class Locker:
         one side of reader-writer lock ``name`` (docs/semaphores.md).
         """
         if limit is not None and side is not None:
-            raise ConfigError("locked() takes limit= (a semaphore) or side= (a reader-writer lock), not both")
+            raise ConfigError(
+                "locked() takes limit= (a semaphore) or side= (a reader-writer lock), not both; drop one of them"
+            )
         if side is not None and side not in ("read", "write"):
-            raise ConfigError(f'side must be "read" or "write", got {side!r}')
+            raise ConfigError(
+                f'side must be "read" or "write", got {side!r}; pass side="read" to share the lock with other '
+                'readers, or side="write" to hold it alone'
+            )
         template = NameTemplate(name)
         options: dict[str, Any] = {
             "backend": backend,
@@ -289,7 +295,9 @@ class Locker:
         :class:`ConfigError` here, saying why.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError(f"a semaphore's limit must be a whole number of at least 1, got {limit!r}")
+            raise ConfigError(
+                f"a semaphore's limit must be a whole number of at least 1, got {limit!r}; pass an int, e.g. limit=3"
+            )
         options = {"auto_renew": auto_renew, "on_lost": on_lost, "max_hold": max_hold, "timeout": timeout}
         handle = self._permit(Semaphore, name, limit, "permit", ttl, backend, options)
         assert isinstance(handle, Semaphore)

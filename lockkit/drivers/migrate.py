@@ -114,14 +114,18 @@ class MigrateOptions:
         if self.phase not in PHASES:
             raise ConfigError(f"migrate phase must be one of old, both, new; got {self.phase!r}")
         if not 1.0 <= self.presence_ttl <= 3600:
-            raise ConfigError(f"migrate presence_ttl must be 1 to 3600 seconds, got {self.presence_ttl}")
+            raise ConfigError(
+                f"migrate presence_ttl must be 1 to 3600 seconds, got {self.presence_ttl}; "
+                "set a value in that range, or leave it out for the default"
+            )
 
 
 def _presence(driver: Driver, role: str) -> Presence:
     if not isinstance(driver, Presence):
         raise ConfigError(
             f"the {role} backend's driver ({type(driver).__name__}) keeps no presence records, which a "
-            "migration needs for fleet safety"
+            "migration needs for fleet safety. Migrate between backends that keep them (e.g. file://, redis://, "
+            "etcd://, zookeeper://)"
         )
     return driver
 
@@ -459,7 +463,8 @@ class MigrateDriver:
         live = [r for r in requests if r.token not in refused]
         per_driver = [driver.renew_many(live) for driver in self._order()] if live else []
         outcome: dict[str, Grant | Exception | None] = {
-            token: LockLost(f"{why}; the lease is not renewed") for token, why in refused.items()
+            token: LockLost(f"{why}; the lease is not renewed: stop the work that relied on it and acquire it again")
+            for token, why in refused.items()
         }
         for i, request in enumerate(live):
             results = [batch[i] for batch in per_driver]
@@ -486,7 +491,11 @@ class MigrateDriver:
                         self._held[request.token] = (held[0], held[1], sent_at + capped)
                 # Not counted: the server side stays extended until its TTL, but the lease is not.
                 outcome[request.token] = (
-                    LockLost(f"{reason}; the lease is not renewed") if reason else Grant(fence, capped, sent_at)
+                    LockLost(
+                        f"{reason}; the lease is not renewed: stop the work that relied on it and acquire it again"
+                    )
+                    if reason
+                    else Grant(fence, capped, sent_at)
                 )
         return [outcome[r.token] for r in requests]
 

@@ -370,7 +370,10 @@ class FileDriver:
             try:
                 file_record.write(fd, seq, live, self._options.fsync)
             except OSError as exc:
-                raise BackendUnavailable(f"cannot write presence file {path}: {exc.strerror}") from None
+                raise BackendUnavailable(
+                    f"cannot write presence file {path}: {exc.strerror}; check free space and the permissions of "
+                    "the lock directory"
+                ) from None
             except ValueError as exc:  # more members than one record slot holds
                 raise BackendUnavailable(
                     f"presence file {path} cannot hold this group any more ({exc}); use fewer members per group, "
@@ -426,7 +429,9 @@ class FileDriver:
 
     def ping(self) -> None:
         if not os.access(self.directory, os.W_OK):
-            raise BackendUnavailable(f"lock directory {self.directory} is not writable")
+            raise BackendUnavailable(
+                f"lock directory {self.directory} is not writable; fix its permissions or point file:// elsewhere"
+            )
 
     def close(self) -> None:
         pass

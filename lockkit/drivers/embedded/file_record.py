@@ -90,7 +90,10 @@ def flocked(
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise BackendUnavailable(f"cannot open {what} {path}: {exc.strerror}") from None
+        raise BackendUnavailable(
+            f"cannot open {what} {path}: {exc.strerror}; check that the lock directory exists and this user "
+            "may write it"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         now = time.monotonic()
@@ -102,15 +105,22 @@ def flocked(
                 f"{what} {path} is corrupt ({exc}); delete it to reset it (its fencing counter restarts)"
             ) from None
         except OSError as exc:
-            raise BackendUnavailable(f"cannot read {what} {path}: {exc.strerror}") from None
+            raise BackendUnavailable(
+                f"cannot read {what} {path}: {exc.strerror}; check that this user may read it"
+            ) from None
         yield record, now
         updated = encode(record)
         if updated != raw:
             try:
                 write(fd, seq, updated, durable)
             except OSError as exc:
-                raise BackendUnavailable(f"cannot write {what} {path}: {exc.strerror}") from None
+                raise BackendUnavailable(
+                    f"cannot write {what} {path}: {exc.strerror}; check free space and the permissions of the lock "
+                    "directory"
+                ) from None
             except ValueError as exc:  # the record outgrew its slot
-                raise BackendUnavailable(f"cannot write {what} {path}: {exc}") from None
+                raise BackendUnavailable(
+                    f"cannot write {what} {path}: {exc}; check free space and the permissions of the lock directory"
+                ) from None
     finally:
         os.close(fd)  # closing drops the flock

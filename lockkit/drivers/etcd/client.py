@@ -136,7 +136,9 @@ class EtcdClient:
     def _channel(self, index: int) -> Any:
         with self._mutex:
             if self._closed:
-                raise BackendUnavailable(f"the etcd client for {self.shown} is closed")
+                raise BackendUnavailable(
+                    f"the etcd client for {self.shown} is closed; open a new locker with lockkit.connect()"
+                )
             channel = self._channels.get(index)
             if channel is None:
                 target = self._targets[index]
@@ -206,7 +208,10 @@ class EtcdClient:
                 f"etcd at {self.shown} did not answer {what} in time (the timeout URL option, {self.timeout:g} s "
                 "by default per request): is the cluster overloaded, or a majority of its members down?"
             )
-        return BackendUnavailable(f"etcd at {self.shown}: {what} failed ({detail or name}; gRPC status {name})")
+        return BackendUnavailable(
+            f"etcd at {self.shown}: {what} failed ({detail or name}; gRPC status {name}); retry, and if it "
+            "persists check the cluster's health (etcdctl endpoint health) and its log"
+        )
 
     def unreachable(self, detail: str) -> BackendUnavailable:
         """The error for an endpoint that could not be connected to, with gRPC's reason made readable."""

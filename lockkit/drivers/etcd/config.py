@@ -30,11 +30,19 @@ class EtcdOptions:
 
     def __post_init__(self) -> None:
         if not self.prefix:
-            raise ConfigError("prefix must not be empty (it separates lockkit's keys from the rest)")
+            raise ConfigError(
+                "prefix must not be empty (it separates lockkit's keys from the rest); set ?prefix=/myapp/locks/, or "
+                "leave the option out for the default"
+            )
         if not 0 < self.timeout <= 300:
-            raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}")
+            raise ConfigError(
+                f"timeout must be between 0 and 300 seconds, got {self.timeout!r}; e.g. ?timeout=5 (the default)"
+            )
         if (self.cert is None) != (self.key is None):
-            raise ConfigError("give both cert and key (client certificate authentication) or neither")
+            raise ConfigError(
+                "give both cert and key (client certificate authentication) or neither: add the missing one "
+                "(?cert=client.pem&key=client.key) or remove the other"
+            )
 
 
 def _read_pem(path: str | None, what: str) -> bytes | None:
@@ -43,7 +51,9 @@ def _read_pem(path: str | None, what: str) -> bytes | None:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read the {what} file {path!r} ({exc.strerror})") from None
+        raise ConfigError(
+            f"cannot read the {what} file {path!r} ({exc.strerror}); check the path and that this user may read it"
+        ) from None
 
 
 def open_client(url: BackendURL) -> tuple[EtcdClient, EtcdOptions]:
@@ -55,7 +65,7 @@ def open_client(url: BackendURL) -> tuple[EtcdClient, EtcdOptions]:
         raise ConfigError(f"etcd URLs take no path; set the key prefix with ?prefix=/myapp/locks/ (got {url})")
     endpoints = url.host_port(DEFAULT_PORT)
     if len(set(endpoints)) != len(endpoints):
-        raise ConfigError(f"duplicate etcd endpoint in {url}")
+        raise ConfigError(f"duplicate etcd endpoint in {url}; list each endpoint once")
     if url.password is not None and not url.username:
         raise ConfigError(f"a password needs a user name: {url.scheme}://USER:PASSWORD@host (got {url})")
     credentials = None
@@ -66,7 +76,9 @@ def open_client(url: BackendURL) -> tuple[EtcdClient, EtcdOptions]:
             certificate_chain=_read_pem(options.cert, "client certificate"),
         )
     elif options.ca or options.cert:
-        raise ConfigError(f"TLS options (ca, cert, key) need the etcds:// scheme; got {url}")
+        raise ConfigError(
+            f"TLS options (ca, cert, key) need the etcds:// scheme; got {url}. Write etcds://, or remove them"
+        )
     client = EtcdClient(
         endpoints,
         credentials=credentials,

@@ -128,7 +128,10 @@ class EtcdDriver:
                 raise
             if not waiter.vanished:  # a one-shot attempt found the name taken, or we gave up (deadline, cancel)
                 return None
-        raise BackendUnavailable(f"etcd at {self._client.shown}: our queued key kept vanishing; giving up")
+        raise BackendUnavailable(
+            f"etcd at {self._client.shown}: our queued key kept vanishing; giving up. Retry, and check that "
+            "nothing else deletes keys under the prefix or revokes leases"
+        )
 
     def _granted(self, name: str, token: str, waiter: Waiter) -> Grant:
         with self._mutex:

@@ -59,19 +59,19 @@ class PresenceRecords:
 
     def group_range(self, group: str) -> tuple[bytes, bytes]:
         if not group:
-            raise ConfigError("a presence group must not be empty")
+            raise ConfigError("a presence group must not be empty; pass a group name such as 'orders'")
         start = (self._root + encode_name(group) + "/").encode("utf-8")
         return start, prefix_end(start)
 
     def key(self, group: str, member: str) -> bytes:
         if not member:
-            raise ConfigError("a presence member must not be empty")
+            raise ConfigError("a presence member must not be empty; pass a member id such as 'host-1:4242'")
         return self.group_range(group)[0] + encode_name(member).encode("utf-8")
 
     def announce(self, group: str, member: str, value: str, ttl: float | None) -> None:
         key = self.key(group, member)
         if ttl is not None and not ttl > 0:
-            raise ConfigError(f"a presence ttl must be positive or None, got {ttl!r}")
+            raise ConfigError(f"a presence ttl must be positive or None, got {ttl!r}; pass seconds, e.g. 30")
         with self._mutex:
             old = self._leases.get((group, member))
             requested = 0 if ttl is None else max(1, math.ceil(ttl))
@@ -86,7 +86,10 @@ class PresenceRecords:
                 lease = int(self._client.grant(requested).ID)
                 self._leases[(group, member)] = (lease, requested)
                 if not self._put(key, value, lease):
-                    raise BackendUnavailable(f"etcd at {self._client.shown}: presence lease vanished at once")
+                    raise BackendUnavailable(
+                        f"etcd at {self._client.shown}: presence lease vanished at once; retry, and check "
+                        "that nothing revokes leases there"
+                    )
             if not requested:
                 self._leases.pop((group, member), None)
             if old is not None and old[0] != lease:

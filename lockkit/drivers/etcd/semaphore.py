@@ -130,7 +130,10 @@ class EtcdPermits:
             outcome = self._contend(session, name, token, ttl, deadline, limit, mode, cancel)
             if outcome != "vanished":
                 return outcome if isinstance(outcome, Grant) else None
-        raise BackendUnavailable(f"etcd at {self._client.shown}: our queued permit key kept vanishing; giving up")
+        raise BackendUnavailable(
+            f"etcd at {self._client.shown}: our queued permit key kept vanishing; giving up. Retry, and check "
+            "that nothing else deletes keys under the prefix or revokes leases"
+        )
 
     def _contend(
         self,

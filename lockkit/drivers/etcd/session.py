@@ -128,7 +128,10 @@ class Sessions:
                     return session
             if self.refresh(session, session.ttl * ACQUIRE_REFRESH_AGE):
                 return session
-        raise BackendUnavailable(f"etcd at {self._client.shown} keeps losing fresh session leases")
+        raise BackendUnavailable(
+            f"etcd at {self._client.shown} keeps losing fresh session leases; retry, and check that nothing "
+            "revokes them and that the cluster is healthy (etcdctl endpoint health)"
+        )
 
     def refresh(self, session: Session, max_age: float) -> bool:
         """Keepalive unless one was sent within ``max_age``; ``False`` if the lease is gone."""

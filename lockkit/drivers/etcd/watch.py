@@ -285,7 +285,7 @@ class Watcher:
         with self._mutex:
             if self._stream is None or not self._stream.alive:
                 if self._closed:
-                    raise BackendUnavailable("the etcd driver is closed")
+                    raise BackendUnavailable("the etcd driver is closed; open a new locker with lockkit.connect()")
                 self._stream = _Stream(self._client)
                 self._locks, self._idle = {}, collections.OrderedDict()
             stream = self._stream

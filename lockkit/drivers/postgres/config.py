@@ -63,9 +63,11 @@ class PostgresOptions:
                     f"got {getattr(self, option)!r}"
                 )
         if not 0 < self.timeout <= 300:
-            raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}")
+            raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}; fix the URL option")
         if not 2 <= self.max_sessions <= 10_000:
-            raise ConfigError(f"max_sessions must be between 2 and 10000, got {self.max_sessions!r}")
+            raise ConfigError(
+                f"max_sessions must be between 2 and 10000, got {self.max_sessions!r}; fix the URL option"
+            )
 
 
 def connect_params(url: BackendURL) -> tuple[dict[str, Any], PostgresOptions]:
@@ -79,7 +81,7 @@ def connect_params(url: BackendURL) -> tuple[dict[str, Any], PostgresOptions]:
     host, port = url.host_port(DEFAULT_PORT)[0] if url.hosts else ("localhost", DEFAULT_PORT)
     dbname = url.path.lstrip("/")
     if "/" in dbname:
-        raise ConfigError(f"the URL's path is the database name, one segment: {url}")
+        raise ConfigError(f"the URL's path is the database name, one segment: {url}; e.g. postgresql://host:5432/app")
     if url.password is not None and not url.username:
         raise ConfigError(f"a password needs a user name: {url.scheme}://USER:PASSWORD@host/db (got {url})")
     timeout = options.timeout

@@ -49,7 +49,7 @@ class ClusterOptions(RedisOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.failover_wait > 0:
-            raise ConfigError("option failover_wait must be > 0 seconds")
+            raise ConfigError("option failover_wait must be > 0 seconds; e.g. failover_wait=5 (the default)")
         if self.db:
             raise ConfigError("a Redis Cluster has only database 0: drop the db option")
 
@@ -71,7 +71,7 @@ class ClusterTarget:
 def cluster_target(url: BackendURL) -> ClusterTarget:
     options = parse_options(ClusterOptions, url.options, url)
     if options.min_replicas < 0 or options.replica_timeout <= 0:
-        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}")
+        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}; fix those options")
     tls = url.scheme == "rediss+cluster"
     _check_tls(url, options, tls)
     if not url.hosts:

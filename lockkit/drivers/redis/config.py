@@ -63,11 +63,11 @@ class _Common:
         check_prefix(self.prefix)
         for what in ("timeout", "connect_timeout"):
             if not getattr(self, what) > 0:
-                raise ConfigError(f"option {what} must be > 0 seconds")
+                raise ConfigError(f"option {what} must be > 0 seconds; fix it in the URL")
         if self.pool_size < 1:
-            raise ConfigError("option pool_size must be ≥ 1")
+            raise ConfigError("option pool_size must be ≥ 1; e.g. pool_size=64 (the default)")
         if self.health_check_interval < 0:
-            raise ConfigError("option health_check_interval must be ≥ 0")
+            raise ConfigError("option health_check_interval must be ≥ 0; e.g. health_check_interval=15 (the default)")
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class SentinelOptions(RedisOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.failover_wait > 0:
-            raise ConfigError("option failover_wait must be > 0 seconds")
+            raise ConfigError("option failover_wait must be > 0 seconds; e.g. failover_wait=5 (the default)")
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def _check_tls(url: BackendURL, options: _Common, tls: bool) -> None:
             fix = f"use {url.scheme.replace('redis', 'rediss', 1)}://"
         raise ConfigError(f"{', '.join(given)} given but {url} does not use TLS ({fix})")
     if bool(options.tls_cert) != bool(options.tls_key):
-        raise ConfigError(f"tls_cert and tls_key go together in {url}")
+        raise ConfigError(f"tls_cert and tls_key go together in {url}; give both or neither")
     if tls and options.tls_insecure:
         log.warning("lockkit: TLS certificate verification is OFF for %s (tls_insecure=true)", url)
 
@@ -172,7 +172,7 @@ def _check_tls(url: BackendURL, options: _Common, tls: bool) -> None:
 def redis_nodes(url: BackendURL) -> tuple[NodeSpec, RedisOptions]:
     options = parse_options(RedisOptions, url.options, url)
     if options.min_replicas < 0 or options.replica_timeout <= 0:
-        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}")
+        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}; fix those options")
     tls = url.scheme == "rediss"
     _check_tls(url, options, tls)
     if url.scheme == "unix":
@@ -184,7 +184,7 @@ def redis_nodes(url: BackendURL) -> tuple[NodeSpec, RedisOptions]:
         raise ConfigError(f"{url.scheme}:// takes exactly one host (use redlock:// for several); got {url}")
     db = _db_from_path(url)
     if db is not None and options.db is not None and db != options.db:
-        raise ConfigError(f"database given twice (path and db=) in {url}")
+        raise ConfigError(f"database given twice (path and db=) in {url}; keep one of them")
     ((host, port),) = url.host_port(DEFAULT_PORT)
     label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     spec = NodeSpec(
@@ -196,7 +196,7 @@ def redis_nodes(url: BackendURL) -> tuple[NodeSpec, RedisOptions]:
 def redlock_nodes(url: BackendURL) -> tuple[list[NodeSpec], RedlockOptions]:
     options = parse_options(RedlockOptions, url.options, url)
     if options.retry_delay < 0:
-        raise ConfigError(f"retry_delay must be ≥ 0 in {url}")
+        raise ConfigError(f"retry_delay must be ≥ 0 in {url}; e.g. retry_delay=0.05 (the default)")
     _check_tls(url, options, options.tls)
     endpoints = url.host_port(DEFAULT_PORT)
     if len(endpoints) < 3:
@@ -207,7 +207,10 @@ def redlock_nodes(url: BackendURL) -> tuple[list[NodeSpec], RedlockOptions]:
     for host, port in endpoints:
         key = (host.lower(), port)
         if key in seen:
-            raise ConfigError(f"redlock:// lists {host}:{port} twice in {url}: a node counted twice fakes a quorum")
+            raise ConfigError(
+                f"redlock:// lists {host}:{port} twice in {url}: a node counted twice fakes a quorum; "
+                "list each master once"
+            )
         seen.add(key)
     if len(endpoints) % 2 == 0:
         log.warning(

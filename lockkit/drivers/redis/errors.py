@@ -47,7 +47,10 @@ def translate(spec: NodeSpec, exc: BaseException) -> LockError:
             f"could not connect to redis at {spec.label}: {what}. Is a Redis server running at {spec.label}, "
             "and is the URL right?"
         )
-    return BackendUnavailable(f"redis {spec.label} is unreachable: {exc}")
+    return BackendUnavailable(
+        f"redis {spec.label} is unreachable: {exc}; check that the server is up and reachable from this host, "
+        "then retry"
+    )
 
 
 def refused_logins(specs: Sequence[NodeSpec], errors: Sequence[BaseException | None], need: int) -> ConfigError | None:

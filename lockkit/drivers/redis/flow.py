@@ -226,7 +226,8 @@ def acquire_flow(
                 yield Send((release_call(keys, token),), True)
                 raise BackendUnavailable(
                     f"redis {label}: only {replies[1]} of the {min_replicas} replicas required by min_replicas "
-                    "acknowledged the lock within replica_timeout; the lock was released again"
+                    "acknowledged the lock within replica_timeout; the lock was released again. Retry, check the "
+                    "replicas' link (INFO replication), or raise replica_timeout"
                 )
             return Grant(int(value), ttl, sent_at)
         left = _left(clock, deadline)

@@ -77,14 +77,14 @@ def _path(url: BackendURL) -> tuple[str, int | None]:
 def sentinel_target(url: BackendURL) -> SentinelTarget:
     options = parse_options(SentinelOptions, url.options, url)
     if options.min_replicas < 0 or options.replica_timeout <= 0:
-        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}")
+        raise ConfigError(f"min_replicas must be ≥ 0 and replica_timeout > 0 in {url}; fix those options")
     tls = url.scheme == "rediss+sentinel"
     _check_tls(url, options, tls)
     if not url.hosts:
         raise ConfigError(f"{url.scheme}:// needs at least one sentinel (three is usual), e.g. s1:26379,s2:26379")
     service, db = _path(url)
     if db is not None and options.db is not None and db != options.db:
-        raise ConfigError(f"database given twice (path and db=) in {url}")
+        raise ConfigError(f"database given twice (path and db=) in {url}; keep one of them")
     sentinels = tuple(
         NodeSpec(_label(h, p), h, p, None, 0, options.sentinel_username, options.sentinel_password, tls, options)
         for h, p in url.host_port(DEFAULT_SENTINEL_PORT)

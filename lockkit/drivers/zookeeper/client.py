@@ -144,7 +144,9 @@ def new_client(
     connection: Any = getattr(kz, "_connection", None)
     original = getattr(connection, "_invoke", None)
     if connection is None or original is None:
-        raise ConfigError("this kazoo version hides its handshake; lockkit needs kazoo 2.10 or 2.11")
+        raise ConfigError(
+            "this kazoo version hides its handshake; lockkit needs kazoo 2.10 or 2.11: pip install 'kazoo>=2.10,<2.12'"
+        )
 
     def invoke(timeout: float, request: Any, xid: int | None = None) -> Any:
         result = original(timeout, request, xid)

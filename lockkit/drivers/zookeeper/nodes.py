@@ -60,11 +60,14 @@ class ZooKeeperOptions:
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
-            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+            raise ConfigError(
+                f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}; "
+                "use ?layout=curator only to share locks with Curator clients, else leave it out"
+            )
         for key in ("session_timeout", "connect_timeout"):
             value = getattr(self, key)
             if not (math.isfinite(value) and 0.1 <= value <= 3600):
-                raise ConfigError(f"{key} must be between 0.1 and 3600 seconds, got {value!r}")
+                raise ConfigError(f"{key} must be between 0.1 and 3600 seconds, got {value!r}; fix the URL option")
 
 
 HELD, UNCERTAIN, LOST = "held", "uncertain", "lost"
@@ -152,9 +155,14 @@ def chroot_of(url: BackendURL) -> str:
         return ""
     parts = path.split("/")[1:]
     if any(part in ("", ".", "..") for part in parts) or any(ord(ch) < 0x20 for ch in path):
-        raise ConfigError(f"chroot {path!r} in {url} is not a valid ZooKeeper path (empty, '.' or '..' component)")
+        raise ConfigError(
+            f"chroot {path!r} in {url} is not a valid ZooKeeper path (empty, '.' or '..' component); "
+            "write it as /app or /app/locks"
+        )
     if parts[0] == "zookeeper":
-        raise ConfigError(f"chroot {path!r} in {url} is inside /zookeeper, which the server reserves")
+        raise ConfigError(
+            f"chroot {path!r} in {url} is inside /zookeeper, which the server reserves; choose another, e.g. /app/locks"
+        )
     return path
 
 
@@ -265,11 +273,14 @@ def translated(
     except (NoAuthError, InvalidACLError, AuthFailedError) as exc:
         raise (login or Login("the configured servers", "the zookeeper:// URL")).refused(what, exc) from exc
     except (ConnectionLoss, ConnectionClosedError, SessionExpiredError, OperationTimeoutError) as exc:
-        raise Transient(f"could not {what}: the ZooKeeper connection was lost ({type(exc).__name__})") from exc
+        raise Transient(f"could not {what}: the ZooKeeper connection was lost ({type(exc).__name__}); retry") from exc
     except KazooTimeoutError as exc:
-        raise Transient(f"could not {what}: ZooKeeper did not answer within {timeout:.2g} s") from exc
+        raise Transient(f"could not {what}: ZooKeeper did not answer within {timeout:.2g} s; retry") from exc
     except KazooException as exc:
-        raise BackendUnavailable(f"ZooKeeper failed to {what}: {type(exc).__name__}") from exc
+        raise BackendUnavailable(
+            f"ZooKeeper failed to {what}: {type(exc).__name__}; retry, and if it persists check "
+            "the ensemble's health (echo srvr | nc HOST PORT) and its log"
+        ) from exc
 
 
 def wait(

@@ -66,12 +66,12 @@ class ZooKeeperPresence:
 
     def _presence_group(self, group: str) -> str:
         if not group:
-            raise ConfigError("a presence group must not be empty")
+            raise ConfigError("a presence group must not be empty; pass a group name such as 'orders'")
         return f"{self._session.layout.base}{PRESENCE_SUFFIX}/{encode_name(group)}"
 
     def _presence_node(self, group: str, member: str) -> str:
         if not member:
-            raise ConfigError("a presence member must not be empty")
+            raise ConfigError("a presence member must not be empty; pass a member id such as 'host-1:4242'")
         return f"{self._presence_group(group)}/{encode_name(member)}"
 
     def _retried(self, step: Callable[[], T]) -> T:
@@ -92,7 +92,7 @@ class ZooKeeperPresence:
         """Write the record: ephemeral to our session if ``ttl`` is set (it lives with the session), else persistent."""
         path = self._presence_node(group, member)
         if ttl is not None and not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and ttl > 0):
-            raise ConfigError(f"a presence ttl must be a positive number of seconds or None, got {ttl!r}")
+            raise ConfigError(f"a presence ttl must be a positive number of seconds or None, got {ttl!r}; pass e.g. 30")
         data = value.encode("utf-8")
         ephemeral = ttl is not None
         for _ in range(TRIES):

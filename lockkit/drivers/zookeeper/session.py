@@ -142,7 +142,7 @@ class Session:
             return ready
         with self._start_lock:
             if self.closed:
-                raise BackendUnavailable("this ZooKeeper driver is closed")
+                raise BackendUnavailable("this ZooKeeper driver is closed; open a new locker with lockkit.connect()")
             if self._kz is None and self._ready is None:
                 self._start()
         self._connection(end)
@@ -150,7 +150,9 @@ class Session:
             if self._ready is None:
                 kz = self._kz
                 if kz is None or self.closed:
-                    raise BackendUnavailable("this ZooKeeper driver is closed")
+                    raise BackendUnavailable(
+                        "this ZooKeeper driver is closed; open a new locker with lockkit.connect()"
+                    )
                 # a failure (e.g. access denied) keeps the connection: the next call tries the node again
                 wait(
                     kz.ensure_path_async(self.layout.base, self.acl),
@@ -216,7 +218,7 @@ class Session:
             if sid is not None:
                 return sid
             if self.closed:
-                raise BackendUnavailable("this ZooKeeper driver is closed")
+                raise BackendUnavailable("this ZooKeeper driver is closed; open a new locker with lockkit.connect()")
             now = self._clock()
             nothing_there = None if self._ever_connected else self._nothing_there
             if nothing_there is not None and now >= min(limit, nothing_there[0] + self.refused_grace):

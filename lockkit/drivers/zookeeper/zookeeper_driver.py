@@ -150,7 +150,10 @@ class ZooKeeperDriver(ZooKeeperPresence):
         credential = None
         if url.username is not None or url.password is not None:
             if not url.username or not url.password:
-                raise ConfigError(f"ZooKeeper digest credentials need both a user and a password: {url}")
+                raise ConfigError(
+                    f"ZooKeeper digest credentials need both a user and a password: {url}; "
+                    "write zookeeper://USER:PASSWORD@host:port/chroot, or no credentials at all"
+                )
             credential = f"{url.username}:{url.password}"
         session = Session(hosts, options, credential, ctx.clock, ctx.events, Layout(chroot, options.layout), str(url))
         return cls(session, ctx, str(url))

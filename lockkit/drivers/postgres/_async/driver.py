@@ -242,8 +242,13 @@ class AsyncPostgresDriver:
         if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
             return ConfigError(f"{self._shown} is read-only ({text}): point the URL at the primary")
         if isinstance(exc, psycopg.OperationalError):
-            return BackendUnavailable(f"PostgreSQL at {self._shown} failed to {what}: {text}")
-        return BackendUnavailable(f"PostgreSQL at {self._shown} failed to {what}: {text}")
+            return BackendUnavailable(
+                f"PostgreSQL at {self._shown} failed to {what}: {text}; retry, and if it persists check "
+                "that the server is up and reachable"
+            )
+        return BackendUnavailable(
+            f"PostgreSQL at {self._shown} failed to {what}: {text}; if it persists, check the server's log"
+        )
 
     def _claim(self, key: int | None, waiting: bool) -> _Session | None:
         """A live session that may run a statement for ``key`` now (under the state lock), claimed for it."""
@@ -325,7 +330,7 @@ class AsyncPostgresDriver:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise LockError("the PostgreSQL driver is closed")
+            raise LockError("the PostgreSQL driver is closed; open a new locker with lockkit.connect()")
 
     # -- acquire -------------------------------------------------------------------------------
 
@@ -345,7 +350,10 @@ class AsyncPostgresDriver:
                 return self._hold(token, name, key, row[0], s, ttl, sent_at)
             break
         else:
-            raise BackendUnavailable(f"PostgreSQL at {self._shown}: every session tried was dead")
+            raise BackendUnavailable(
+                f"PostgreSQL at {self._shown}: every session tried was dead; retry once the server is "
+                "up (did it restart?)"
+            )
         while True:
             now = self._clock()
             if (deadline is not None and now >= deadline) or (cancel is not None and cancel.cancelled):
@@ -492,7 +500,8 @@ class AsyncPostgresDriver:
                     return False  # the server ended the session: its locks went with it
                 raise BackendUnavailable(
                     f"could not release: the connection to PostgreSQL at {self._shown} broke "
-                    f"({self._redacted(_first_line(exc))}); the server drops the lock when it notices"
+                    f"({self._redacted(_first_line(exc))}); the server drops the lock when it notices. "
+                    "Treat the lock as no longer held: there is nothing to retry"
                 ) from None
             raise self._translate(exc, "release a lock") from None
         with self._state:

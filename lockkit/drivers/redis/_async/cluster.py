@@ -153,6 +153,7 @@ class AsyncClusterDriver(AsyncRedisDriver):
         raise BackendUnavailable(
             f"no node of the Redis Cluster answered (tried {', '.join(s.label for s in candidates)}): "
             + "; ".join(failures)
+            + ". Check that those nodes are up and reachable from this host, and that the URL lists them"
         )
 
     # -- running calls on the master of their slot ---------------------------------------------

@@ -298,7 +298,10 @@ class AsyncRedlockDriver:
 
     def _unreachable(self, results: list[NodeResult], index: int, what: str) -> BackendUnavailable:
         _, reached = count_ok(results, index)
-        return BackendUnavailable(f"redlock {what}: reached {reached} of {len(results)} masters, needs {self.need}")
+        return BackendUnavailable(
+            f"redlock {what}: reached {reached} of {len(results)} masters, needs {self.need}; "
+            "check that a majority of the masters is up, then retry"
+        )
 
     async def release(self, name: str, token: str) -> bool:
         call = self._release_call(name, token)

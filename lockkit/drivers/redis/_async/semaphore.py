@@ -113,7 +113,8 @@ class AsyncRedisPermits:
                         raise BackendUnavailable(
                             f"redis {self._label}: only {replies[1]} of the {replicas} replicas required by "
                             f"min_replicas acknowledged the permit of {name!r} within replica_timeout; it was "
-                            "released again"
+                            "released again. Retry, check the replicas' link (INFO replication), or raise "
+                            "replica_timeout"
                         )
                     # granted (perhaps by a release, found here): count from before the attempt that queued us
                     since = sent_at if queued_at is None else min(sent_at, queued_at)

@@ -77,5 +77,7 @@ class AsyncSentinels:
                 "(SENTINEL MASTERS lists them)"
             )
         raise BackendUnavailable(
-            f"no sentinel answered for {self.target.service!r} (tried {self.target.tried}): " + "; ".join(failures)
+            f"no sentinel answered for {self.target.service!r} (tried {self.target.tried}): "
+            + "; ".join(failures)
+            + ". Check that the sentinels are up and reachable from this host, and that the URL lists them"
         )

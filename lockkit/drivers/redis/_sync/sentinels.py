@@ -79,5 +79,7 @@ class SyncSentinels:
                 "(SENTINEL MASTERS lists them)"
             )
         raise BackendUnavailable(
-            f"no sentinel answered for {self.target.service!r} (tried {self.target.tried}): " + "; ".join(failures)
+            f"no sentinel answered for {self.target.service!r} (tried {self.target.tried}): "
+            + "; ".join(failures)
+            + ". Check that the sentinels are up and reachable from this host, and that the URL lists them"
         )
