@@ -187,7 +187,7 @@ class LockCore:
         if not lease.ours():
             raise LockNotOwned(
                 f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "
-                "a forked child never inherits its parent's locks"
+                "a forked child never inherits its parent's locks: acquire the lock in this process"
             )
         return lease
 

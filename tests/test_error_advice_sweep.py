@@ -73,7 +73,7 @@ def test_an_unknown_scheme_says_to_fix_it() -> None:
     [
         ("redis://h/0?pool_size=0", "pool_size must be ≥ 1", "pool_size=64 (the default)"),
         ("redis://h/0?health_check_interval=-1", "health_check_interval must be ≥ 0", "(the default)"),
-        ("redis://h/0?timeout=0", "must be > 0 seconds", "fix it in the URL"),
+        ("redis://h/0?timeout=0", "must be > 0 seconds", "e.g. timeout=1"),
         ("redis://h/1?db=2", "database given twice", "keep one of them"),
         ("rediss://h/0?tls_cert=/c.pem", "go together", "give both or neither"),
         ("redlock://a,b,c?retry_delay=-1", "retry_delay must be ≥ 0", "retry_delay=0.05"),
@@ -82,7 +82,7 @@ def test_an_unknown_scheme_says_to_fix_it() -> None:
         ("etcd://a:2379,a:2379", "duplicate etcd endpoint", "list each endpoint once"),
         ("etcd://a:2379?prefix=", "prefix must not be empty", "?prefix=/myapp/locks/"),
         ("etcd://a:2379?ca=/ca.pem", "need the etcds:// scheme", "Write etcds://"),
-        ("postgresql://h/app?max_sessions=1", "max_sessions must be", "fix the URL option"),
+        ("postgresql://h/app?max_sessions=1", "max_sessions must be", "set one in that range"),
         ("postgresql://h/app/extra", "one segment", "e.g. postgresql://host:5432/app"),
         ("zookeeper://h:2181/zookeeper/app", "which the server reserves", "choose another"),
         ("zookeeper://h:2181/app?layout=curatorr", "layout must be one of", "?layout=curator"),

@@ -263,7 +263,7 @@ def run(
         # would inject none and report a fault test that never happened.
         raise lockkit.ConfigError(
             f"--faults needs --duration above 2 × --ttl: with --ttl {ttl:g} it injects a fault only if "
-            f"--duration is more than {2 * ttl:g} s (got {duration:g})"
+            f"--duration is more than {2 * ttl:g} s (got {duration:g}): raise --duration or lower --ttl"
         )
     name = f"lockkit-verify:{os.getpid()}:{time.monotonic_ns()}"
     with lockkit.connect(url) as locks:

@@ -63,7 +63,7 @@ class _Common:
         check_prefix(self.prefix)
         for what in ("timeout", "connect_timeout"):
             if not getattr(self, what) > 0:
-                raise ConfigError(f"option {what} must be > 0 seconds; fix it in the URL")
+                raise ConfigError(f"option {what} must be > 0 seconds; give a positive number, e.g. {what}=1")
         if self.pool_size < 1:
             raise ConfigError("option pool_size must be ≥ 1; e.g. pool_size=64 (the default)")
         if self.health_check_interval < 0:

@@ -67,7 +67,7 @@ class ZooKeeperOptions:
         for key in ("session_timeout", "connect_timeout"):
             value = getattr(self, key)
             if not (math.isfinite(value) and 0.1 <= value <= 3600):
-                raise ConfigError(f"{key} must be between 0.1 and 3600 seconds, got {value!r}; fix the URL option")
+                raise ConfigError(f"{key} must be between 0.1 and 3600 seconds, got {value!r}; set one in that range")
 
 
 HELD, UNCERTAIN, LOST = "held", "uncertain", "lost"

@@ -98,7 +98,7 @@ class ZooKeeperPresence:
         for _ in range(TRIES):
             if self._retried(lambda: self._put(path, data, ephemeral)):
                 return
-        raise Transient(f"the presence record {path} keeps changing under concurrent announces")
+        raise Transient(f"the presence record {path} keeps changing under concurrent announces; retry")
 
     def _put(self, path: str, data: bytes, ephemeral: bool) -> bool:
         """One round of announce; ``False`` if a concurrent writer made us start over."""
@@ -133,7 +133,7 @@ class ZooKeeperPresence:
                 return False  # a racing announce (or our own create whose reply was lost): set it instead
             except NoNodeError:
                 s.make_parent(path.rpartition("/")[0])  # the group node: a container, reaped once empty
-        raise Transient(f"the presence group node above {path} keeps disappearing")
+        raise Transient(f"the presence group node above {path} keeps disappearing; retry")
 
     def withdraw(self, group: str, member: str) -> None:
         path = self._presence_node(group, member)

@@ -350,7 +350,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 return list(s.call(listed, f"list {c.parent}", (NoNodeError,), end))
             except NoNodeError:
                 return []  # the parent was deleted with our node in it: queue again
-        raise Transient(f"the parent node {c.parent} keeps disappearing")
+        raise Transient(f"the parent node {c.parent} keeps disappearing; retry, and check that nothing else deletes it")
 
     def _founded(self, c: _Contender, end: float | None) -> list[str]:
         """Make the parent and our node in one multi (:func:`.client.found_async`); return the parent's children.
@@ -497,7 +497,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 s.abandon(entry.parent, entry.prefix, entry.child, entry.session_id, entry.czxid)
                 raise Transient(
                     "could not release: ZooKeeper is unreachable. The lock node is deleted when the session "
-                    "reconnects, or by the server when the session expires"
+                    "reconnects, or by the server when the session expires. Treat the lock as no longer held"
                 )
             return False  # a new session: the old one's nodes are gone
         # Held: the path itself is the ownership check. It is this acquisition's uuid plus a sequence the server

@@ -213,7 +213,10 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             await self._trim(s)
             break
         else:
-            raise BackendUnavailable(f"PostgreSQL at {self._shown}: every session tried was dead")
+            raise BackendUnavailable(
+                f"PostgreSQL at {self._shown}: every session tried was dead; retry once the server is up "
+                "(did it restart?)"
+            )
         for _ in range(GRANT_TRIES):
             if self._over(deadline, cancel):
                 return None
@@ -222,7 +225,9 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
                 return await self._wait(s, token, name, keys, mode, ttl, deadline, cancel)
             except _Retry:
                 continue  # the waiting session died (its presence went with it): join again on another
-        raise BackendUnavailable(f"PostgreSQL at {self._shown}: every session tried was dead")
+        raise BackendUnavailable(
+            f"PostgreSQL at {self._shown}: every session tried was dead; retry once the server is up (did it restart?)"
+        )
 
     def _over(self, deadline: float | None, cancel: Cancel | None) -> bool:
         return (deadline is not None and self._clock() >= deadline) or (cancel is not None and cancel.cancelled)

@@ -215,7 +215,10 @@ class PostgresPermits(PostgresDriver):
             self._trim(s)
             break
         else:
-            raise BackendUnavailable(f"PostgreSQL at {self._shown}: every session tried was dead")
+            raise BackendUnavailable(
+                f"PostgreSQL at {self._shown}: every session tried was dead; retry once the server is up "
+                "(did it restart?)"
+            )
         for _ in range(GRANT_TRIES):
             if self._over(deadline, cancel):
                 return None
@@ -224,7 +227,9 @@ class PostgresPermits(PostgresDriver):
                 return self._wait(s, token, name, keys, mode, ttl, deadline, cancel)
             except _Retry:
                 continue  # the waiting session died (its presence went with it): join again on another
-        raise BackendUnavailable(f"PostgreSQL at {self._shown}: every session tried was dead")
+        raise BackendUnavailable(
+            f"PostgreSQL at {self._shown}: every session tried was dead; retry once the server is up (did it restart?)"
+        )
 
     def _over(self, deadline: float | None, cancel: Cancel | None) -> bool:
         return (deadline is not None and self._clock() >= deadline) or (cancel is not None and cancel.cancelled)
