@@ -130,3 +130,12 @@ def test_a_lock_directory_gone_says_to_fix_it(tmp_path: Path) -> None:
         [error] = locks.check().values()
         assert isinstance(error, lockkit.BackendUnavailable), error
         assert "is not writable" in str(error) and "fix its permissions or point file:// elsewhere" in str(error)
+
+
+def test_a_bad_redis_presence_ttl_is_a_config_error_with_advice() -> None:
+    # It was a bare ValueError, outside the LockError tree that etcd's and ZooKeeper's presence records use.
+    from lockkit.drivers.redis.presence import announce_call
+
+    for ttl in (0, -1.0, math.nan, math.inf):
+        with pytest.raises(lockkit.ConfigError, match=r"presence ttl must be .*; pass e\.g\. 30"):
+            announce_call("lk:", "g", "m", "v", ttl)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, ConfigError
 from .calls import Call
 from .keys import presence_keys
 from .scripts import ANNOUNCE, MEMBERS, WITHDRAW
@@ -25,7 +25,8 @@ __all__ = ["announce_call", "members_call", "merge_members", "parse_members", "w
 
 def announce_call(prefix: str, group: str, member: str, value: str, ttl: float | None) -> Call:
     if ttl is not None and not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and ttl > 0):
-        raise ValueError(f"presence ttl must be a positive number of seconds or None, got {ttl!r}")
+        # ConfigError (a ValueError too), as etcd's and ZooKeeper's presence records raise: one error tree.
+        raise ConfigError(f"presence ttl must be a positive number of seconds or None, got {ttl!r}; pass e.g. 30")
     ttl_ms = "" if ttl is None else str(max(1, math.ceil(ttl * 1000)))
     return Call(ANNOUNCE, presence_keys(prefix, group), (member, value, ttl_ms))
 
