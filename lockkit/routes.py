@@ -121,8 +121,9 @@ def parse_route(pattern: str, value: Any, backends: Mapping[str, object], where:
         except InvalidLockName as exc:
             raise ConfigError(f"{here}: no lock name can match this pattern ({exc}); fix the pattern") from None
     elif len(_literal_prefix(pattern).encode()) > MAX_NAME_BYTES:
-        raise ConfigError(f"{here}: no lock name can match this pattern (names are at most {MAX_NAME_BYTES} bytes); "
-                "shorten it")
+        raise ConfigError(
+            f"{here}: no lock name can match this pattern (names are at most {MAX_NAME_BYTES} bytes); shorten it"
+        )
     if route.exact and has_wildcard:
         raise ConfigError(f"{here}: exact = true, but the pattern has a wildcard ({_WILDCARDS!r}); drop one of them")
     if not has_wildcard and not route.exact and pattern[-1] in _PREFIX_ENDINGS:

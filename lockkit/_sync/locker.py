@@ -97,8 +97,10 @@ class Locker:
         try:
             ttl = float(migrate.get("presence_ttl", "15"))
         except ValueError:
-            raise ConfigError(f"migrate.presence_ttl must be a number, got {migrate['presence_ttl']!r}; "
-                "give seconds from 1 to 3600, e.g. presence_ttl = 30") from None
+            raise ConfigError(
+                f"migrate.presence_ttl must be a number, got {migrate['presence_ttl']!r}; "
+                "give seconds from 1 to 3600, e.g. presence_ttl = 30"
+            ) from None
         options = MigrateOptions(migrate["phase"], migrate.get("group", spec.name), ttl)
         # The components are blocking drivers on both faces, with their own connections; they report session
         # events to the migrate backend.
