@@ -54,7 +54,7 @@ from ...errors import BackendUnavailable
 from ...lease import token_hint
 from ...timing import Clock
 from ..epoch import composite_token
-from .calls import Call
+from .calls import Call, bulks, lock_wire, script_head
 from .keys import LockKeys
 from .quorum import NodeResult, free_in, quorum, tally_acquire
 from .scripts import (
@@ -174,7 +174,10 @@ def release_call(keys: LockKeys, token: str | None) -> Call:
     script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
     if keys.sharded:
         script = SHARDED_FAIR_RELEASE if token is not None else SHARDED_FAIR_FORCE_RELEASE
-    return Call(script, keys.script_keys(), (token or "", keys.channel, keys.clients))
+    wire, owner = lock_wire(keys), (token or "").encode()
+    # encoded here in one step, from the lock's encoded keys and channels (issue 17)
+    data = b"%b%b$%d\r\n%b\r\n%b" % (script_head(script, 4, 3), wire.keys, len(owner), owner, wire.channels)
+    return Call(script, keys.script_keys(), (token or "", keys.channel, keys.clients), data)
 
 
 def leave_call(keys: LockKeys, token: str, wid: str) -> Call:
@@ -206,7 +209,13 @@ def acquire_flow(
 
     def attempt(queue: bool) -> tuple[Call, ...]:
         args = (token, ms(ttl), wid if queue else "", MARGIN_MS, MAX_QUEUE)
-        take = Call(FAIR_ACQUIRE, keys.script_keys(), args)
+        # encoded here in one step, from the lock's encoded keys (issue 17): what pack_calls would make of it
+        owner, me = token.encode(), args[2].encode()
+        data = b"%b%b$%d\r\n%b\r\n$%d\r\n%d\r\n$%d\r\n%b\r\n%b" % (
+            _ACQUIRE_HEAD, lock_wire(keys).keys, len(owner), owner, len(b"%d" % args[1]), args[1], len(me), me,
+            _ACQUIRE_TAIL,
+        )  # fmt: skip
+        take = Call(FAIR_ACQUIRE, keys.script_keys(), args, data)
         if min_replicas:
             return (take, Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))))
         return (take,)
@@ -252,6 +261,11 @@ def acquire_flow(
     if queued:
         yield Send((leave_call(keys, token, wid),), True, quiet=True)
     return None
+
+
+_ACQUIRE_HEAD = script_head(FAIR_ACQUIRE, 4, 5)
+_ACQUIRE_TAIL = bulks(MARGIN_MS, MAX_QUEUE)
+"""An acquire's last two arguments, the same for every lock."""
 
 
 def answered(result: NodeResult) -> bool:
