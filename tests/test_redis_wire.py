@@ -1,8 +1,9 @@
-"""The bytes the single-node Redis driver sends for a lock, pre-encoded per lock name (issue 17).
+"""The bytes the single-node Redis driver sends for a lock, encoded by the calls' makers (issue 17).
 
-An acquire and its release are encoded from the lock's keys and channels encoded once per name
-(:func:`lockkit.drivers.redis.calls.lock_wire`): every such call must be, byte for byte, what the general
-encoder makes of its command, and never carry another lock's keys.
+An acquire and its release are each encoded in one formatting where they are made (``Call.wire``,
+:mod:`lockkit.drivers.redis.flow`), and :func:`~lockkit.drivers.redis.calls.pack_calls` sends those bytes as
+they are: every such call must be, byte for byte, what the general encoder makes of its command, and carry
+its own lock's keys and no other's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import redis
 
 import lockkit
 from backends.servers import RedisServer
-from lockkit.drivers.redis.calls import Call, lock_wire, pack, pack_calls
+from lockkit.drivers.redis.calls import Call, pack, pack_calls
 from lockkit.drivers.redis.flow import acquire_flow, leave_call, release_call
 from lockkit.drivers.redis.keys import cluster_lock_keys, lock_keys
 
@@ -44,12 +45,11 @@ def test_pre_encoded_calls_are_their_commands_encoding(make_keys: object, name: 
 
 
 def test_each_name_gets_its_own_encoding_in_turn() -> None:
-    """Names seen in turn, again and again (the cache hit, not only its first fill), each encode their own keys."""
+    """Names seen in turn, again and again, each encode their own keys."""
     names = [f"order-{i}" for i in range(50)]
     for _ in range(3):
         for name in names:
             keys = lock_keys("lockkit:", name)
-            assert lock_wire(keys).keys == b"".join(b"$%d\r\n%b\r\n" % (len(k), k) for k in keys.script_keys())
             for call in _hot_calls(keys, True):
                 assert pack_calls([call]) == pack([call.command()])
                 assert keys.lock in pack_calls([call])

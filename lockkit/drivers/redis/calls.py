@@ -11,10 +11,9 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError
 
-from .keys import LockKeys
 from .scripts import Script
 
-__all__ = ["Call", "LockWire", "bulks", "lock_wire", "pack", "pack_calls", "reload_plan", "script_head"]
+__all__ = ["Call", "bulks", "pack", "pack_calls", "reload_plan", "script_head"]
 
 
 class Call(NamedTuple):
@@ -25,7 +24,7 @@ class Call(NamedTuple):
     keys: tuple[bytes, ...] = ()
     args: tuple[Any, ...] = ()
     wire: bytes | None = None
-    """This call already RESP-encoded, by its maker (a lock's hot calls, from :func:`lock_wire`'s parts):
+    """This call already RESP-encoded by its maker (a lock's acquire and release, in one formatting each):
     :func:`pack_calls` sends these bytes as they are. They must be :meth:`command`'s encoding."""
 
     def command(self) -> tuple[Any, ...]:
@@ -83,36 +82,6 @@ def script_head(script: Script, keys: int, args: int) -> bytes:
     if head is None:
         head = _heads[shape] = b"*%d\r\n" % (3 + keys + args) + pack([("EVALSHA", script.sha, keys)])[4:]
     return head
-
-
-class LockWire(NamedTuple):
-    """What every call of one lock's scripts sends the same, RESP-encoded once per lock."""
-
-    keys: bytes
-    """Its four script keys (:meth:`~.keys.LockKeys.script_keys`: lock, fence, queue, alive)."""
-    channels: bytes
-    """Its wake-up channel and the clients' channel prefix (a release's last two arguments)."""
-
-
-_wires: dict[LockKeys, LockWire] = {}
-_WIRES = 1 << 16
-"""At most this many locks' encodings are kept (as many as :func:`~.keys.lock_keys` keeps keys)."""
-
-
-def lock_wire(keys: LockKeys) -> LockWire:
-    """The encoded parts of ``keys``' calls; made once per lock (issue 17: an acquire and its release encoded
-    the same four keys, one bulk at a time, eight times per acquire+release)."""
-    wire = _wires.get(keys)
-    if wire is None:
-        if len(_wires) >= _WIRES:  # a bounded memo: dropping all of it at once costs less than an LRU per call
-            _wires.clear()
-        lock, fence, channel, queue, alive, clients = keys[:6]
-        wire = _wires[keys] = LockWire(
-            b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
-            % (len(lock), lock, len(fence), fence, len(queue), queue, len(alive), alive),
-            b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(channel), channel, len(clients), clients),
-        )
-    return wire
 
 
 def pack_calls(calls: Sequence[Call]) -> bytes:
