@@ -59,7 +59,7 @@ class AsyncConnectionPool:
             self._all.add(conn)
         else:
             conn = await self._wait_for_one()
-        if ready and not conn.fit():  # fit as it is: no coroutine for ready() (issue 17: every command's checkout)
+        if ready:
             try:
                 await conn.ready()
             except BaseException:

@@ -88,7 +88,13 @@ class SyncNode:
         if conn is None:
             if self.state.refused is not None:
                 raise self.state.refused
-            conn = self.pool.get()
+            conn = self.pool.get(ready=False)
+            if not conn.fit():  # one fit as it is needs no ready() (issue 17: every command's checkout)
+                try:
+                    conn.ready()  # reconnected if it died while idle, PINGed if it sat idle for long
+                except BaseException:
+                    self.pool.release(conn)
+                    raise
         else:
             try:
                 conn.ready(stale)  # reconnected if it died while idle, PINGed if it sat idle for long
