@@ -29,8 +29,9 @@ from ..config import NodeSpec
 __all__ = ["AsyncStream", "open_stream", "stale_all"]
 
 
-_BUFFER = 64 * 1024
-"""What one read of the socket takes at most (a 10,000-lease renewal round's replies are ~40 KB)."""
+_BUFFER = 16 * 1024
+"""What one read of the socket takes at most: small, as a pool may hold 64 connections (a 10,000-lease renewal
+round's ~40 KB of replies then takes three reads)."""
 
 
 class _Protocol(asyncio.BufferedProtocol):
