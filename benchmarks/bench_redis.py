@@ -10,7 +10,8 @@ Starts its own throw-away servers on loopback (backends/servers.py). Three parts
    against redis-py ``SET NX PX`` + one ``EVALSHA`` compare-and-delete (script preloaded);
    redlock:// against the raw 5-master parallel floor: ``SET NX PX`` written to all five
    masters, then all replies read, then the same for the ``EVALSHA``, one thread
-   (``--parts redlock`` runs only these two rows).
+   (``--parts redlock`` runs only these two rows; ``--parts redlock-layers`` times redlock:// by layer: the
+   floor, the driver alone and the whole ``Lock``, wall clock and client CPU).
 2. 4 processes contending on one name, each holding ~1 ms (lockkit/cli/contention.py, shared
    with the etcd and ZooKeeper benchmarks): handoffs/s (an acquisition by a different
    process than the previous holder), fairness (fewest/most acquisitions per process),
@@ -27,6 +28,7 @@ import argparse
 import logging
 import os
 import platform
+import statistics
 import sys
 import threading
 import time
@@ -118,6 +120,55 @@ def uncontended(
     parallel.close()
 
 
+def redlock_layers(redlock_url: str, redlock_ports: list[int], ops: int, rounds: int) -> None:
+    """Where a redlock:// acquire+release spends its time: the 5-master floor, the driver alone (its acquire and
+    release called directly, no front end) and the whole ``Lock``, in alternating blocks of 10 on fresh names;
+    per block the wall clock and the client's CPU (``time.process_time``, which other processes' load moves
+    less than the wall clock: the masters run on the same cores), medians per operation."""
+    from lockkit.lock_core import new_token
+
+    floor = RedlockFloor(redlock_ports)
+    locks = lockkit.connect(redlock_url)
+    driver = locks.backend_for("bench").driver
+    prefix = uuid.uuid4().hex
+    counter = iter(range(1 << 62))
+
+    def fresh() -> str:
+        return f"bench:{prefix}:{next(counter)}"
+
+    def alone() -> None:
+        name, token = fresh(), new_token()
+        driver.acquire(name, token, 10.0, None)
+        driver.release(name, token)
+
+    def whole() -> None:
+        lock = locks.lock(fresh(), ttl=10)
+        lock.acquire()
+        lock.release()
+
+    runners: dict[str, Callable[[], None]] = {"5-master floor": lambda: floor(fresh()), "driver": alone, "Lock": whole}
+    for warm in runners.values():
+        for _ in range(100):
+            warm()
+    wall: dict[str, list[float]] = {label: [] for label in runners}
+    cpu: dict[str, list[float]] = {label: [] for label in runners}
+    for _ in range(max(1, ops * rounds // 10)):
+        for label, run in runners.items():
+            started, used = time.perf_counter(), time.process_time()
+            for _ in range(10):
+                run()
+            wall[label].append((time.perf_counter() - started) / 10)
+            cpu[label].append((time.process_time() - used) / 10)
+    w0, c0 = statistics.median(wall["5-master floor"]), statistics.median(cpu["5-master floor"])
+    print(f"\n## redlock:// by layer (µs per acquire+release, blocks of 10, {len(wall['driver']) * 10} each)")
+    print(f"{'':16} {'wall':>7} {'ratio':>6} {'CPU':>7} {'ratio':>6}")
+    for label in runners:
+        w, c = statistics.median(wall[label]), statistics.median(cpu[label])
+        print(f"{label:16} {w * 1e6:7.0f} {w / w0:6.2f} {c * 1e6:7.0f} {c / c0:6.2f}")
+    locks.close()
+    floor.close()
+
+
 def scale(url: str, port: int, n: int, hold: float) -> None:
     threads_before = threading.active_count()
     locks = lockkit.connect(url)
@@ -170,7 +221,8 @@ def main() -> None:
         "--parts",
         default="uncontended,contention,scale",
         help="comma-separated parts to run: uncontended, contention, scale; redlock: only redlock:// and its "
-        "floor, uncontended; redlock-contention: only redlock://, contended",
+        "floor, uncontended; redlock-layers: redlock:// by layer (floor, driver, Lock; wall and CPU); "
+        "redlock-contention: only redlock://, contended",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -182,6 +234,8 @@ def main() -> None:
         if parts & {"uncontended", "redlock"}:
             ports = [server.port for server in group.servers]
             uncontended(single.url, single.port, group.url, ports, args.ops, args.rounds, "uncontended" in parts)
+        if "redlock-layers" in parts:
+            redlock_layers(group.url, [server.port for server in group.servers], args.ops, args.rounds)
         if parts & {"contention", "redlock-contention"}:
             for url in (single.url, group.url) if "contention" in parts else (group.url,):
                 print()

@@ -33,6 +33,7 @@ class Backend(Generic[D]):
         self.clock = clock
         self.stats = BackendStats(name)
         self._driver: D | None = None
+        self.fenced = False
         self._closed = False
         # Token -> weak reference: a lease dropped without release must not be kept alive by the registry.
         # A plain dict of refs, pruned as it grows, rather than a WeakValueDictionary, whose Python-level
@@ -46,6 +47,9 @@ class Backend(Generic[D]):
 
     def attach(self, driver: D) -> None:
         self._driver = driver
+        self.fenced = driver.guarantees.fencing != "none"
+        """Whether its leases carry fencing tokens (read once here, not per acquire: a driver's guarantees are
+        fixed when it is made)."""
 
     @property
     def driver(self) -> D:

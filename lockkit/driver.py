@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 from .timing import Clock, default_clock
 
@@ -95,9 +95,12 @@ class Guarantees:
     """Semaphores and reader-writer locks (:class:`PermitDriver`): one capability, offered or not, and why."""
 
 
-@dataclass(frozen=True)
-class Grant:
-    """The server's word that a lock is ours."""
+class Grant(NamedTuple):
+    """The server's word that a lock is ours.
+
+    A named tuple, not a frozen dataclass: immutable all the same, and made in under half the time (one per
+    acquire and per renewal, on the hot path; issue 17). Make a changed copy with ``grant._replace(...)``.
+    """
 
     fencing_token: int
     ttl: float

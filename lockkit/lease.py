@@ -186,10 +186,13 @@ class Lease:
         if _pid != self._pid:
             raise LockLost(f"{self.kind} {self.name!r} was acquired by process {self._pid}, not this one")
         if self._state is LeaseState.RELEASED:
-            raise LockLost(f"{self.kind} {self.name!r} was released")
+            raise LockLost(f"{self.kind} {self.name!r} was released; acquire it again before relying on it")
         if self._state is LeaseState.UNCERTAIN:
             raise LockLost(f"{self.kind} {self.name!r} is uncertain: {self._reason}; do not act until it is restored")
-        raise LockLost(f"{self.kind} {self.name!r} was lost: {self.lost_reason}")
+        raise LockLost(
+            f"{self.kind} {self.name!r} was lost: {self.lost_reason}; stop the work that relied on it and acquire "
+            "it again"
+        )
 
     def add_lost_callback(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (at once if it already is)."""

@@ -19,7 +19,7 @@ from typing import Any
 from .configured_backend import Backend
 from .driver import Grant
 from .errors import ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
-from .lease import Lease, LostCallback, RenewalTicket, process_id, token_hint
+from .lease import Lease, LostCallback, RenewalTicket, token_hint
 from .names import validate_name
 from .timing import validate_timeout, validate_ttl
 
@@ -35,7 +35,8 @@ class _TokenSource:
 
     A token is a capability, so never ``random`` or uuid1. One ``getrandom`` call per token cost ~40 µs
     on some virtual machines; slicing a 4 KiB draw keeps every bit from the CSPRNG at a fraction of that.
-    The pool is dropped after ``fork`` so that parent and child never hand out the same token.
+    The pool is dropped in a forked child (:meth:`after_fork`, an ``os.register_at_fork`` hook: there is no
+    fork where that is missing) so that parent and child never hand out the same token.
     """
 
     def __init__(self) -> None:
@@ -47,17 +48,16 @@ class _TokenSource:
         self._mutex = threading.Lock()
         self._pool = ""  # the draw in hex: a token is a slice of it, no copy of the rest and no hex() per token
         self._next = 0
-        self._pid = 0
 
     def take(self) -> str:
         with self._mutex:
             at = self._next
-            if at >= len(self._pool) or self._pid != process_id():
-                self._pool = secrets.token_bytes(4096).hex()
-                self._pid = process_id()
+            pool = self._pool
+            if at >= len(pool):
+                pool = self._pool = secrets.token_bytes(4096).hex()
                 at = 0
             self._next = at + 32
-            return self._pool[at : at + 32]
+        return pool[at : at + 32]
 
 
 _tokens = _TokenSource()
@@ -77,7 +77,9 @@ USE_LOCK_TIMEOUT: Any = object()
 class LockCore:
     """I/O-free state of one lock handle, shared by the blocking and the async face."""
 
-    __slots__ = ("auto_renew", "backend", "kind", "lease", "max_hold", "mutex", "name", "on_lost", "timeout", "ttl")
+    __slots__ = (
+        "_kind", "auto_renew", "backend", "lease", "max_hold", "mutex", "name", "noun", "on_lost", "timeout", "ttl",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -105,9 +107,20 @@ class LockCore:
         self.on_lost = on_lost
         self.lease: Lease | None = None
         self.mutex = threading.Lock()
-        self.kind = "lock"
+        self._kind = self.noun = "lock"
+
+    @property
+    def kind(self) -> str:
         """What the handle holds, for its messages: ``lock``, or (set by the permit handles) ``semaphore``,
         ``rwlock read side``, ``rwlock write side``."""
+        return self._kind
+
+    @kind.setter
+    def kind(self, kind: str) -> None:
+        self._kind = kind
+        # noun: ``lock``, ``semaphore`` or ``rwlock`` (of either side), for messages and Lease.kind; kept with
+        # the kind instead of derived from it per acquire
+        self.noun = kind.split(" ", 1)[0]
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -139,7 +152,7 @@ class LockCore:
             name=self.name,
             token=token,
             # None, not the driver's constant 0, where the backend declares no fencing: see Lease.fencing_token
-            fencing_token=None if backend.driver.guarantees.fencing == "none" else grant.fencing_token,
+            fencing_token=grant.fencing_token if backend.fenced else None,
             ttl=grant.ttl,
             sent_at=grant.sent_at,
             clock=clock,
@@ -167,7 +180,10 @@ class LockCore:
         """The lease a release/renew acts on; ``LockNotOwned`` if this handle holds none here."""
         lease = self.lease  # one read (see begin)
         if lease is None:
-            raise LockNotOwned(f"cannot {action} {self.name!r}: this {self.kind} handle does not hold it")
+            raise LockNotOwned(
+                f"cannot {action} {self.name!r}: this {self.kind} handle does not hold it; acquire it first "
+                "(a handle releases and renews only what it acquired itself)"
+            )
         if not lease.ours():
             raise LockNotOwned(
                 f"cannot {action} {self.name!r}: it was acquired by process {lease.owner_pid}; "
@@ -227,10 +243,16 @@ class LockCore:
             if ticket is not None:
                 lease.renewal_refused(ticket)
             lease.mark_lost("renew found the server no longer holds our token")  # counted by the backend
-            raise LockLost(f"{self.noun} {self.name!r} was lost: the server no longer holds our token")
+            raise LockLost(
+                f"{self.noun} {self.name!r} was lost: the server no longer holds our token; stop the work that "
+                "relied on it and acquire it again (a longer ttl, or auto_renew, keeps it held)"
+            )
         if not lease.extend(grant.sent_at, grant.ttl, ticket):
             lease.ensure_valid()
-            raise LockLost(f"{self.noun} {self.name!r} was lost before the renewal completed")
+            raise LockLost(
+                f"{self.noun} {self.name!r} was lost before the renewal completed; stop the work that relied on "
+                "it and acquire it again (renew well before the ttl runs out: auto_renew does, at a third of it)"
+            )
         self.backend.stats.count("renewals")
         return lease
 
@@ -246,11 +268,6 @@ class LockCore:
                 "its work may have overlapped another holder's"
             )
         return None
-
-    @property
-    def noun(self) -> str:
-        """What the handle holds, for messages: ``lock``, ``semaphore`` or ``rwlock`` (of either side)."""
-        return self.kind.split(" ", 1)[0]
 
     def describe(self) -> str:
         held = self.lease is not None and self.lease.valid

@@ -442,13 +442,6 @@ class BackendStats:
             if self._tally is not None:
                 self._tally.observe(name, value)
 
-    def count_and_observe(self, counter: str, name: str, value: float) -> None:
-        """Count one event with its observation, later (see the class)."""
-        queued = self._queue.other
-        queued.append((counter, name, value))
-        if len(queued) >= QUEUED:
-            self.apply_queued()
-
     def count_loss(self, lease: object) -> None:
         """An on-lost callback: the backend registers it on every lease it tracks (one count per lease)."""
         self.count("losses")

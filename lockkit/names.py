@@ -42,9 +42,11 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a valid lock name, else raise :class:`InvalidLockName`."""
     if not isinstance(name, str):
-        raise InvalidLockName(f"lock name must be a str, got {type(name).__name__}; decode bytes before passing them")
+        bytes_like = isinstance(name, (bytes, bytearray))
+        hint = "decode bytes before passing them" if bytes_like else "pass a str, e.g. f'orders:{order_id}'"
+        raise InvalidLockName(f"lock name must be a str, got {type(name).__name__}; {hint}")
     if not name:
-        raise InvalidLockName("lock name must not be empty")
+        raise InvalidLockName("lock name must not be empty; pass a name such as 'orders:42'")
     # ASCII, the common case, is one byte per character: no encode on the hot path
     size = len(name) if name.isascii() else _utf8_size(name)
     if size > MAX_NAME_BYTES:

@@ -24,13 +24,12 @@ backend); the async scheduler starts a task per batch.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import heapq
 import itertools
 import logging
 import math
-import os
 import threading
+import time
 import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from typing import Any, Protocol
 
 from ._async.cancel_safe import wait_event
 from .driver import Grant, RenewRequest
-from .lease import Lease, LeaseState, RenewalTicket
+from .lease import Lease, LeaseState, RenewalTicket, process_id
 from .metrics import BackendStats
 from .timing import Clock
+from .workers import Workers
 
 __all__ = ["AsyncRenewalScheduler", "RenewalBook", "RenewalScheduler", "async_scheduler", "scheduler"]
 
@@ -467,7 +467,9 @@ class RenewalScheduler:
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
         self._planned: float | None = None  # when the thread will wake next (None: not before notified)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockkit-renew")
+        # Not a concurrent.futures executor: it refuses work once the main thread has returned, while other
+        # threads may still hold locks (lockkit/workers.py, C-13)
+        self._pool = Workers(4, "lockkit-renew")
 
     def add(self, lease: Lease, target: Any, requested_ttl: float, auto_renew: bool, max_hold: float | None) -> None:
         with self._mutex:
@@ -497,22 +499,29 @@ class RenewalScheduler:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                batches, expired = self.book.take_due(self.book.clock())
-                if not batches and not expired:
-                    # With nothing due, tick once a second anyway: an acquire then needs to wake this thread
-                    # only if its lease is due sooner, which spares a context switch on almost every acquire.
-                    wake_at = self.book.next_wakeup()
-                    now = self.book.clock()
-                    wake_at = now + IDLE_TICK if wake_at is None else min(wake_at, now + IDLE_TICK)
-                    self._planned = wake_at
-                    self._cond.wait(max(0.001, wake_at - now))
-                    self._planned = None
-                    continue
-            for entry in self.book.expire(expired):
-                self._pool.submit(self._release_ended, entry.target, entry.lease)
-            for target, batch in batches.items():
-                self._pool.submit(self._renew_batch, target, batch)
+            try:
+                self._turn()
+            except Exception:  # this thread renews every lock of the process: it must outlive any one failure
+                log.exception("lockkit: the renewal thread's turn failed; going on")
+                time.sleep(0.01)
+
+    def _turn(self) -> None:
+        with self._cond:
+            batches, expired = self.book.take_due(self.book.clock())
+            if not batches and not expired:
+                # With nothing due, tick once a second anyway: an acquire then needs to wake this thread
+                # only if its lease is due sooner, which spares a context switch on almost every acquire.
+                wake_at = self.book.next_wakeup()
+                now = self.book.clock()
+                wake_at = now + IDLE_TICK if wake_at is None else min(wake_at, now + IDLE_TICK)
+                self._planned = wake_at
+                self._cond.wait(max(0.001, wake_at - now))
+                self._planned = None
+                return
+        for entry in self.book.expire(expired):
+            self._pool.submit(self._release_ended, entry.target, entry.lease)
+        for target, batch in batches.items():
+            self._pool.submit(self._renew_batch, target, batch)
 
     def _release_ended(self, target: Any, lease: Lease) -> None:
         """Free a session-bound lock whose lease ended (see :meth:`RenewalBook.expire`); owner-checked."""
@@ -623,7 +632,8 @@ def scheduler(clock: Clock) -> RenewalScheduler:
     """The one renewal thread of this process (a new one after ``fork``, which copies no threads)."""
     # Keyed by clock too, so that a test's fake clock never drives real leases' deadlines.
     last = _last_scheduler
-    if last is not None and last[1] is clock and last[0] == os.getpid():
+    # The pid kept since start-up or the last fork (lease.process_id), not os.getpid(): a system call per acquire
+    if last is not None and last[1] is clock and last[0] == process_id():
         return last[2]  # the hot path: every acquire and release asks, almost always for the same one
     return _find_scheduler(clock)
 
@@ -633,7 +643,7 @@ _last_scheduler: tuple[int, Clock, RenewalScheduler] | None = None
 
 def _find_scheduler(clock: Clock) -> RenewalScheduler:
     global _last_scheduler
-    key = (os.getpid(), clock)
+    key = (process_id(), clock)
     with _process_guard:
         found = _process_schedulers.get(key)
         if found is None:

@@ -370,3 +370,20 @@ def test_a_forked_child_waits_on_redlock_as_a_client_of_its_own(redlock_servers:
         again = locks.lock(n, ttl=5)
         again.acquire(timeout=5)  # the parent's connections and hubs still work
         again.release()
+
+
+def test_L6_one_server_listed_under_two_names_is_refused(redlock_servers: RedlockServers) -> None:
+    """L-6: 127.0.0.1:P and localhost:P pass the URL's duplicate check, but are one server: with a third master,
+    a quorum of 2 of 3 would be granted by two real servers' votes, one counted twice. The masters' run_ids
+    give it away at the first fan-out (docs audit, 2026-12-02)."""
+    first, second = redlock_servers.servers[0].port, redlock_servers.servers[1].port
+    url = f"redlock://127.0.0.1:{first},localhost:{first},127.0.0.1:{second}"
+    with lockkit.connect(url) as locks:
+        with pytest.raises(ConfigError, match="one Redis server"):
+            locks.lock(name(), ttl=5).acquire(timeout=1)
+        with pytest.raises(ConfigError, match="one Redis server"):
+            locks.lock(name(), ttl=5).acquire(timeout=1)  # and at every later call
+    with lockkit.connect(hosts_url([s.port for s in redlock_servers.servers[:3]])) as locks:
+        lock = locks.lock(name(), ttl=5)
+        lock.acquire(timeout=1)  # distinct servers: granted as ever
+        lock.release()

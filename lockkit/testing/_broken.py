@@ -43,7 +43,7 @@ class FrozenFenceFileDriver(FileDriver):
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
         grant = super().acquire(name, token, ttl, deadline, cancel)
-        return None if grant is None else dataclasses.replace(grant, fencing_token=1)
+        return None if grant is None else grant._replace(fencing_token=1)
 
 
 class BackwardsFenceFileDriver(FileDriver):
@@ -53,7 +53,7 @@ class BackwardsFenceFileDriver(FileDriver):
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
         grant = super().acquire(name, token, ttl, deadline, cancel)
-        return None if grant is None else dataclasses.replace(grant, fencing_token=1_000_000 - grant.fencing_token)
+        return None if grant is None else grant._replace(fencing_token=1_000_000 - grant.fencing_token)
 
 
 class NoExclusionFileDriver(FileDriver):
@@ -82,7 +82,7 @@ class FrozenNoExclusionFileDriver(NoExclusionFileDriver):
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
         grant = super().acquire(name, token, ttl, deadline, cancel)
-        return None if grant is None else dataclasses.replace(grant, fencing_token=1)
+        return None if grant is None else grant._replace(fencing_token=1)
 
 
 _NO_FENCING = dataclasses.replace(FileDriver.guarantees, fencing="none", note="test-only: no fencing tokens")
@@ -97,7 +97,7 @@ class NoFencingFileDriver(FileDriver):
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
         grant = super().acquire(name, token, ttl, deadline, cancel)
-        return None if grant is None else dataclasses.replace(grant, fencing_token=0)
+        return None if grant is None else grant._replace(fencing_token=0)
 
 
 class NoFencingNoExclusionFileDriver(NoExclusionFileDriver):
@@ -109,7 +109,7 @@ class NoFencingNoExclusionFileDriver(NoExclusionFileDriver):
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
         grant = super().acquire(name, token, ttl, deadline, cancel)
-        return None if grant is None else dataclasses.replace(grant, fencing_token=0)
+        return None if grant is None else grant._replace(fencing_token=0)
 
 
 class SameTokenFencedStore(FencedStore):
@@ -171,7 +171,7 @@ class _FrozenFencePermits(FilePermits):
         cancel: Cancel | None = None,
     ) -> Grant | None:
         grant = super().acquire_permit(name, token, ttl, deadline, limit, mode, cancel)
-        return None if grant is None else dataclasses.replace(grant, fencing_token=1)
+        return None if grant is None else grant._replace(fencing_token=1)
 
 
 class OverLimitFileDriver(FileDriver):

@@ -154,7 +154,15 @@ def _db_from_path(url: BackendURL) -> int | None:
 def _check_tls(url: BackendURL, options: _Common, tls: bool) -> None:
     given = [n for n in ("tls_ca", "tls_cert", "tls_key") if getattr(options, n) is not None]
     if given and not tls:
-        raise ConfigError(f"{', '.join(given)} given but {url} does not use TLS (use rediss:// or tls=true)")
+        # The way to turn TLS on for this scheme: redlock:// has an option (its masters share one scheme),
+        # the others a scheme of their own with the extra "s"
+        if url.scheme == "redlock":
+            fix = "add tls=true"
+        elif url.scheme == "unix":
+            fix = "a unix socket carries no TLS: drop the tls_ options, or connect by TCP with rediss://"
+        else:
+            fix = f"use {url.scheme.replace('redis', 'rediss', 1)}://"
+        raise ConfigError(f"{', '.join(given)} given but {url} does not use TLS ({fix})")
     if bool(options.tls_cert) != bool(options.tls_key):
         raise ConfigError(f"tls_cert and tls_key go together in {url}")
     if tls and options.tls_insecure:

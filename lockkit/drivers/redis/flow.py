@@ -56,7 +56,7 @@ from ...timing import Clock
 from ..epoch import composite_token
 from .calls import Call, bulks, script_head
 from .keys import LockKeys
-from .quorum import NodeResult, free_in, quorum, tally_acquire
+from .quorum import FirstAttempt, NodeResult, free_in, quorum, tally_acquire
 from .scripts import (
     FAIR_ACQUIRE,
     FAIR_FORCE_RELEASE,
@@ -279,6 +279,14 @@ _ACQUIRE_WIRE = (
 _RELEASE_WIRE = b"%b" + _FOUR_KEYS + b"$%d\r\n%b\r\n" * 3
 
 
+def redlock_take(keys: LockKeys, token: str, ttl: float) -> tuple[Call, ...]:
+    """A Redlock attempt: a plain SET NX PX, not a script: the fewest a master can do (a Lua call costs each
+    master several times a SET, and on a machine that runs the masters too that is the client's time as well).
+    How long the lock stays taken, which a failed SET does not say, comes from the undo that every failed
+    attempt sends anyway."""
+    return (Call(None, (), ("SET", keys.lock, token, "NX", "PX", ms(ttl))),)
+
+
 def answered(result: NodeResult) -> bool:
     """A master ran the first call sent to it (its reply is not an error)."""
     replies = result.replies
@@ -294,13 +302,13 @@ def redlock_acquire_flow(
     masters: int,
     retry_delay: float,
     pause: float = 0.0,
+    first: FirstAttempt | None = None,
 ) -> Flow[tuple[Grant, tuple[int | None, ...]] | None]:
     """``pause``: wait this long before the first attempt (the releaser's yield, YIELD_ROUNDS); a one-shot
-    attempt (``deadline`` already past) does not wait."""
-    # A plain SET NX PX, not a script: the fewest a master can do (a Lua call costs each master several times
-    # a SET, and on a machine that runs the masters too that is the client's time as well). How long the lock
-    # stays taken, which a failed SET does not say, comes from the undo that every failed attempt sends anyway.
-    take: tuple[Call, ...] = (Call(None, (), ("SET", keys.lock, token, "NX", "PX", ms(ttl))),)
+    attempt (``deadline`` already past) does not wait. ``first``: the first attempt (``redlock_take``, no pause
+    before it) was made already, by the driver's uncontended fast path, and failed: go on from its results."""
+    assert first is None or pause <= 0, "a first attempt made elsewhere cannot have waited for the pause"
+    take = redlock_take(keys, token, ttl)
     pttl = Call(None, (), ("PTTL", keys.lock))
     probe = (*take, pttl)
     """A contended attempt: the SET and the lock's PTTL, so that one that won nowhere needs no undo."""
@@ -314,10 +322,14 @@ def redlock_acquire_flow(
     contended = pause > 0  # a releaser that yields expects to find the lock taken
     leftover = False  # an undo did not reach every master: one may still hold our key (its nil means "ours")
     while True:
-        sent_at = clock()
-        results: list[NodeResult] = yield Send(probe if contended else take, False)
-        elapsed = clock() - sent_at
-        tally = tally_acquire(results, ttl, elapsed)
+        if first is not None:  # made by the caller: the same SET, counted the same way (tally_acquire)
+            sent_at, elapsed, results, tally = first
+            first = None
+        else:
+            sent_at = clock()
+            results = yield Send(probe if contended else take, False)
+            elapsed = clock() - sent_at
+            tally = tally_acquire(results, ttl, elapsed)
         if tally.granted:
             return Grant(0, ttl, sent_at), tally.epochs
         if contended and not leftover and tally.reached == masters and not tally.won:

@@ -28,7 +28,7 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -38,7 +38,7 @@ from .calls import pack
 from .config import NodeSpec
 from .keys import client_channel
 
-__all__ = ["Hub", "LoopThread", "Snapshot", "Wake", "forks"]
+__all__ = ["Hub", "LoopThread", "Snapshot", "Wake", "forks", "snapshot_all"]
 
 _forks = 0
 """How many forks lie between this process and the one that imported lockkit (an at-fork hook counts them)."""
@@ -68,6 +68,15 @@ Snapshot = tuple[int, int] | None
 Lost = Callable[[bytes, set[Wake], "tuple[str, int] | None"], None]
 """Sharded hubs (redis+cluster://): told of a channel this server no longer serves, its waiters (no longer
 registered here), and where a ``MOVED`` reply said it went (None: not said)."""
+
+
+def snapshot_all(hubs: Sequence[Hub], channel: bytes) -> list[Snapshot]:
+    """:meth:`Hub.snapshot` of ``channel`` on every hub, at once all ``None`` while no hub has any channel
+    subscribed (a client that has not waited lately: most of them, on every uncontended acquire)."""
+    for hub in hubs:
+        if hub._active:  # read without a lock, as snapshot() does: a channel subscribed after this read is new
+            return [hub.snapshot(channel) for hub in hubs]
+    return [None] * len(hubs)
 
 
 class Hub:

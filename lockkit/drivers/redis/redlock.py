@@ -22,7 +22,10 @@ wake-ups, so that the losers do not retry in step. Only a retry that every maste
 is not undone (our key is nowhere, unless an earlier undo missed a master: then it is undone too): a retry
 also asks each master the lock's ``PTTL``, which a first attempt leaves to its undo. A renewal holds only
 on a quorum within validity, and a master whose ``run_id`` changed since the acquire (it restarted,
-perhaps without our key) does not count.
+perhaps without our key) does not count. An acquire's first attempt is made by the driver itself, without the
+retry machinery (no watcher, flow runner or task: most acquires end with it); only a failed one goes on in
+:func:`.flow.redlock_acquire_flow`, and the hubs' snapshot its wait compares against is taken before that first
+attempt, so a release published in between is not slept through.
 
 **Guarantees and their limits.** Safety rests on timing: bounded clock drift between masters
 and clients, and no process pause longer than the validity; a master restarted without

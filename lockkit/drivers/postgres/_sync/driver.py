@@ -126,7 +126,10 @@ class PostgresDriver:
         text = self._redacted(_first_line(exc))
         lowered = str(exc).lower()
         if "authentication failed" in lowered or "pg_hba.conf" in lowered or "does not exist" in lowered:
-            return ConfigError(f"PostgreSQL refused the login for {self._shown}: {text}")
+            return ConfigError(
+                f"PostgreSQL refused the login for {self._shown}: {text}; check the user, password and database in "
+                "the URL, and that the server's pg_hba.conf admits this client"
+            )
         if "unsupported startup parameter" in lowered:
             return ConfigError(
                 f"{self._shown} refused the session settings lockkit sends at connect ({text}): this looks like "

@@ -19,17 +19,28 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
-from ....errors import BackendUnavailable
+from ....errors import BackendUnavailable, ConfigError
 from ....lease import token_hint
 from ....urls import BackendURL
 from ..calls import Call, pack_calls
 from ..config import NodeSpec, RedlockOptions, redlock_nodes
 from ..errors import refused_logins
-from ..flow import YIELD_MIN, YIELD_ROUNDS, Flow, Op, Send, Wait, Watch, ms, redlock_acquire_flow
-from ..hub import Hub, forks
+from ..flow import YIELD_MIN, YIELD_ROUNDS, Op, Send, Wait, Watch, ms, redlock_acquire_flow, redlock_take
+from ..hub import Hub, forks, snapshot_all
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
-from ..quorum import NodeResult, count_ok, count_repeated_misses, others_woken, quorum, tally_renew
+from ..quorum import (
+    FirstAttempt,
+    NodeResult,
+    count_ok,
+    count_released,
+    count_repeated_misses,
+    node_result,
+    others_woken,
+    quorum,
+    tally_acquire,
+    tally_renew,
+)
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ..semaphore_scripts import REDLOCK_PERMITS
 from .connection import Connection, stale_connections
@@ -59,6 +70,10 @@ Epochs = tuple[int | None, ...]
 
 class RedlockDriver:
     guarantees: ClassVar[Guarantees] = GUARANTEES
+    finish_inline: ClassVar[bool] = True
+    """Its calls (fan-outs over the nodes, which the single-node driver uses too) never cancel the task they run
+    in, so an asyncio release or renew runs in the caller's task, not a task of its own
+    (``lockkit._async.cancel_safe``; issue 17)."""
 
     def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
         self.specs, self.options, self.clock = specs, options, ctx.clock
@@ -71,6 +86,11 @@ class RedlockDriver:
         self._hubs = [Hub(spec) for spec in specs]  # no I/O until the first wait
         self._forks = forks()
         """The process the hubs belong to, as :func:`..hub.forks` counts it (see Hub.own_process)."""
+        self._unverified = True
+        """Until every master has answered with a run_id of its own: two URL entries may name one server
+        (127.0.0.1 and localhost), which the URL check cannot see (L-6; see :meth:`_refuse_shared_masters`)."""
+        self._recent: tuple[str, LockKeys] | None = None
+        """The last name whose keys were made, and its keys (lock_keys costs about as much as a tally)."""
         self._yields: dict[str, float] = {}
         """Per lock this client released while another client waited for it: until when (on ``clock``) its next
         acquire lets the waiter have it (flow.YIELD_ROUNDS)."""
@@ -80,7 +100,12 @@ class RedlockDriver:
         return cls(*redlock_nodes(url), ctx)
 
     def _keys(self, name: str) -> LockKeys:
-        return lock_keys(self.options.prefix, name)
+        recent = self._recent  # one read: the blocking face's other threads may replace it meanwhile
+        if recent is not None and recent[0] == name:  # the release of the lock just acquired: the same keys
+            return recent[1]
+        keys = lock_keys(self.options.prefix, name)
+        self._recent = (name, keys)
+        return keys
 
     def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
         nodes = self._nodes
@@ -115,47 +140,62 @@ class RedlockDriver:
         deadline = time.monotonic() + self.options.timeout
         results: list[NodeResult] = []
         failed = False
-        for index, sent in enumerate(pending):
-            node = nodes[index]
-            repeated = False
-            replies: list[Any] | BaseException
-            try:  # interrupted anywhere here (a reply, a retry): the later masters' replies will not be read
+        index = 0
+        try:  # interrupted anywhere here (a reply, a retry): the later masters' replies will not be read
+            for index, sent in enumerate(pending):
+                node = nodes[index]
                 if not isinstance(sent, BaseException):
                     try:
-                        replies = node.receive(sent, deadline)
-                    except RedisConnectionError as exc:
-                        replies = exc
-                        if idempotent:  # a stale pooled connection: once more on a fresh one
-                            with contextlib.suppress(RedisError, OSError):
-                                replies = node.run(calls, False)
-                                repeated = True  # sent: it may have run, only its reply lost
+                        results.append(node_result((node.receive(sent, deadline), node.state.epoch, False)))
+                        continue  # the usual way: nothing else per master
                     except (RedisError, OSError) as exc:
-                        replies = exc
+                        error: BaseException = exc
                 else:  # nothing was sent: no reply to wait for
-                    replies = sent
-                    if idempotent and isinstance(sent, RedisConnectionError):  # once more, on a fresh connection
-                        with contextlib.suppress(RedisError, OSError):
-                            replies = node.run(calls, False)
-            except BaseException:
-                for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
-                    if not isinstance(item, BaseException):
-                        later.abandon(item)
-                raise
-            failed = failed or isinstance(replies, BaseException)
-            results.append(NodeResult(replies, node.state.epoch, repeated))
+                    error = sent
+                replies, repeated = self._again(node, calls, idempotent, error, sent is not error)
+                failed = failed or isinstance(replies, BaseException)
+                results.append(node_result((replies, node.state.epoch, repeated)))
+        except BaseException:
+            for later, item in zip(nodes[index + 1 :], pending[index + 1 :], strict=True):
+                if not isinstance(item, BaseException):
+                    later.abandon(item)
+            raise
         if failed:  # only a failed master can have refused the login
             errors = [r.replies if isinstance(r.replies, BaseException) else None for r in results]
             refused = refused_logins(self.specs, errors, self.need)
             if refused is not None:  # no quorum is possible with these credentials: say so, not "unreachable"
                 raise refused
+        if self._unverified:
+            self._refuse_shared_masters()
         return results
 
-    def _flow(
-        self, keys: LockKeys, token: str, ttl: float, deadline: float | None, pause: float
-    ) -> Flow[tuple[Grant, Epochs] | None]:
-        return redlock_acquire_flow(
-            keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay, pause
-        )
+    def _refuse_shared_masters(self) -> None:
+        """A ``ConfigError`` if two masters answered with one run_id: a quorum counted over them is fake (one
+        server's vote counted twice). Checked after each fan-out until every master has answered; the keys a
+        refused acquire set there expire at their ttl (the client never holds the lock)."""
+        owners: dict[str, str] = {}
+        for spec, node in zip(self.specs, self._nodes, strict=True):
+            run_id = node.state.run_id
+            if run_id is None:
+                continue
+            other = owners.setdefault(run_id, spec.label)
+            if other != spec.label:
+                raise ConfigError(
+                    f"redlock: masters {other} and {spec.label} are one Redis server (the same run_id): a quorum "
+                    "counted over them is not a majority of independent servers. List each server once"
+                )
+        self._unverified = len(owners) < len(self._nodes)
+
+    def _again(
+        self, node: SyncNode, calls: Sequence[Call], idempotent: bool, error: BaseException, sent: bool
+    ) -> tuple[list[Any] | BaseException, bool]:
+        """What a master that failed in a fan-out answers: idempotent calls once more on a fresh connection
+        after a connection error (a stale pooled connection), else the error; and whether the calls may have run
+        twice (``sent``: the error came after they were sent, so they may have run, only the reply lost)."""
+        if idempotent and isinstance(error, RedisConnectionError):
+            with contextlib.suppress(RedisError, OSError):
+                return node.run(calls, False), sent
+        return error, False
 
     def _granted(self, token: str, result: tuple[Grant, Epochs] | None) -> Grant | None:
         if result is None:
@@ -174,7 +214,6 @@ class RedlockDriver:
         if cancel is not None and cancel.cancelled:
             return None
         keys = self._keys(name)
-        channel = keys.channel
         pause = 0.0
         if self._yields:
             until = self._yields.pop(name, None)
@@ -184,8 +223,31 @@ class RedlockDriver:
             for hub in self._hubs:
                 hub.own_process()
             self._forks = forks()
-        # made before the first attempt: its snapshot of the hubs must predate it
-        watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel)
+        channel = keys.channel
+        # Taken before the first attempt, for the watcher of a wait that may follow it: a release published
+        # between that attempt and the watcher's subscription is then seen as missed (the flow looks again)
+        # instead of being slept through (Hub.snapshot; tests/test_redlock_fast_path.py, L-8).
+        before = snapshot_all(self._hubs, channel)
+        first = None
+        if pause <= 0:
+            # The uncontended fast path: the first attempt made here, without the flow, its runner, a watcher
+            # or a task (most acquires end with it). A failed one goes on in the flow below, from its results.
+            sent_at = self.clock()  # before the first send: the validity counts from here
+            try:
+                results = self._fan_out(redlock_take(keys, token, ttl), False)
+            except Exception:
+                raise  # the fan-out's own verdict (a refused login): nothing to undo, as in the flow
+            except BaseException:
+                # Interrupted half-way (an asyncio cancel, a signal): the SET may have reached some masters, a
+                # quorum even. Undo it on every master (owner-checked), so it does not hold them for a TTL.
+                self._background.clean_up(self._undo, name, token)
+                raise
+            elapsed = self.clock() - sent_at
+            tally = tally_acquire(results, ttl, elapsed)
+            if tally.granted:
+                return self._granted(token, (Grant(0, ttl, sent_at), tally.epochs))
+            first = FirstAttempt(sent_at, elapsed, results, tally)
+        watcher = self._background.watcher([(hub, channel) for hub in self._hubs], cancel, None, before)
 
         def perform(op: Op) -> Any:
             if isinstance(op, Send):
@@ -197,7 +259,10 @@ class RedlockDriver:
 
         def attempt() -> Grant | None:
             try:
-                return self._granted(token, drive(self._flow(keys, token, ttl, deadline, pause), perform))
+                flow = redlock_acquire_flow(
+                    keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay, pause, first
+                )
+                return self._granted(token, drive(flow, perform))
             finally:
                 watcher.close()
 
@@ -241,12 +306,15 @@ class RedlockDriver:
         call = self._release_call(name, token)
         sent_at = self.clock()
         results = self._fan_out([call], True)
-        self._epochs.pop(token, None)
-        ok, reached = count_ok(results)
+        if self._epochs:
+            self._epochs.pop(token, None)
+        ok, reached, woke = count_released(results)
         if ok >= self.need:
-            channel = call.args[1]
-            if others_woken(results, lambda i: self._hubs[i].snapshot(channel) is not None):
-                self._yield(name, sent_at)
+            # Only a master whose release woke a subscriber besides ours can tell of another client waiting.
+            if woke:
+                channel = call.args[1]
+                if others_woken(results, lambda i: self._hubs[i].snapshot(channel) is not None):
+                    self._yield(name, sent_at)
             return True
         # A master whose release was retried after the connection broke under it may have run the first
         # attempt (only its reply lost): its "not ours" then means "already released by us". If those could
