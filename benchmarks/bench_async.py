@@ -22,7 +22,9 @@ Medians, p99 and ratios of medians against the row's floor.
 ``--parts redis-layers`` (``etcd-layers``, ``zookeeper-layers``) profiles a face layer by layer instead
 (issue 17: where the time over the floor goes): the CPU of this process (``time.process_time``, which other
 processes' load does not inflate) and the wall time per acquire+release of the floor, of lockkit's own
-connection sending the floor's commands, of its node running the driver's own calls, of the driver, and of
+connection sending the floor's commands, and the driver's own calls' bytes (made by the acquire flow, no node:
+what the server's scripts cost over the floor's commands), of its node running the driver's own calls, of the
+driver, and of
 the whole ``AsyncLock`` (offloaded faces: the blocking driver offloaded the floor's way, the offload adapter,
 the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds; and
 the turns of the event loop and the tasks each layer makes per acquire+release (counted over 100 more).
@@ -148,11 +150,12 @@ async def alayers(ops_by_layer: dict[str, Op], ops: int, block: int = 20) -> str
     """Process CPU (``time.process_time``) and wall time per op of each layer, interleaved in blocks of ``block``,
     medians of 5 rounds, ratios to the first (the floor); and the loop turns and tasks per op of each."""
     prefix = uuid.uuid4().hex
+    tags = {label: f"layer{n:04d}" for n, label in enumerate(ops_by_layer)}  # names of one length in every layer
     counted: dict[str, tuple[float, float]] = {}
     for label, op in ops_by_layer.items():
         for i in range(50):
-            await op(f"warm:{prefix}:{label[:9]}:{i}")
-        counted[label] = await turns_and_tasks(op, f"{prefix}:{label[:9]}")
+            await op(f"warm:{prefix}:{tags[label]}:{i}")
+        counted[label] = await turns_and_tasks(op, f"{prefix}:{tags[label]}")
     blocks = max(1, ops // 5 // block)
     cpu: dict[str, list[float]] = {label: [] for label in ops_by_layer}
     wall: dict[str, list[float]] = {label: [] for label in ops_by_layer}
@@ -162,7 +165,7 @@ async def alayers(ops_by_layer: dict[str, Op], ops: int, block: int = 20) -> str
             for label, op in ops_by_layer.items():
                 started_cpu, started = time.process_time(), time.perf_counter()
                 for i in range(block):
-                    await op(f"bench:{prefix}:{label[:9]}:{round_}:{b}:{i}")
+                    await op(f"bench:{prefix}:{tags[label]}:{round_}:{b}:{i}")
                 spent[label][0] += time.process_time() - started_cpu
                 spent[label][1] += time.perf_counter() - started
         for label in ops_by_layer:
@@ -255,7 +258,7 @@ async def front_part(ops: int) -> str:
 
 async def redis_layers_part(port: int, url: str, ops: int) -> str:
     from lockkit.drivers.redis._async.connection import AsyncConnection
-    from lockkit.drivers.redis.calls import pack
+    from lockkit.drivers.redis.calls import pack, pack_calls
     from lockkit.drivers.redis.flow import acquire_flow, release_call, waiter_id
 
     (conn,), sha = await _connections([port])
@@ -279,6 +282,15 @@ async def redis_layers_part(port: int, url: str, ops: int) -> str:
             await own.send(pack([("EVALSHA", sha, 1, name, "token")]))
             await own.read(1, time.monotonic() + 5)
 
+        async def driver_bytes(name: str) -> None:  # lockkit's own connection, the driver's calls' own bytes
+            keys = driver._keys(name)
+            flow = acquire_flow(keys, token, 10, time.monotonic() + 10, driver.clock, "layers", wid, False)
+            await own.send(pack_calls(flow.send(None).calls))
+            assert (await own.read(1, time.monotonic() + 5))[0][0] == 1
+            await own.send(pack_calls([release_call(keys, token)]))
+            await own.read(1, time.monotonic() + 5)
+            flow.close()
+
         async def node_calls(name: str) -> None:  # the node (pool, hello, NOSCRIPT plan), the driver's calls
             keys = driver._keys(name)
             flow = acquire_flow(keys, token, 10, time.monotonic() + 10, driver.clock, "layers", wid, False)
@@ -292,8 +304,10 @@ async def redis_layers_part(port: int, url: str, ops: int) -> str:
 
         ops_by_layer: dict[str, Op] = {
             "redis.asyncio floor": floor, "lockkit connection, floor's commands": transport,
-            "lockkit node, the driver's calls": node_calls, "lockkit driver": driver_calls, "AsyncLock": via(locks),
+            "lockkit connection, driver's bytes": driver_bytes, "lockkit node, the driver's calls": node_calls,
+            "lockkit driver": driver_calls, "AsyncLock": via(locks),
         }  # fmt: skip
+        await driver_calls(f"scripts:{uuid.uuid4().hex}")  # the node's hello loads the scripts the bytes call
         table = await alayers(ops_by_layer, ops)
         await own.close()
     await conn.disconnect()

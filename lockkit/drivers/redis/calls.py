@@ -13,7 +13,7 @@ from redis.exceptions import NoScriptError
 
 from .scripts import Script
 
-__all__ = ["Call", "pack", "pack_calls", "reload_plan"]
+__all__ = ["Call", "bulks", "pack", "pack_calls", "reload_plan", "script_head"]
 
 
 class Call(NamedTuple):
@@ -23,6 +23,9 @@ class Call(NamedTuple):
     script: Script | None
     keys: tuple[bytes, ...] = ()
     args: tuple[Any, ...] = ()
+    wire: bytes | None = None
+    """This call already RESP-encoded by its maker (a lock's acquire and release, in one formatting each):
+    :func:`pack_calls` sends these bytes as they are. They must be :meth:`command`'s encoding."""
 
     def command(self) -> tuple[Any, ...]:
         if self.script is None:
@@ -62,25 +65,42 @@ def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     return b"".join(out)
 
 
+def bulks(*args: bytes | str | int) -> bytes:
+    """``args`` as RESP bulk strings, as :func:`pack_calls` encodes arguments."""
+    out: list[bytes] = []
+    _append_bulks(args, out)
+    return b"".join(out)
+
+
 _heads: dict[tuple[str, int, int], bytes] = {}
+
+
+def script_head(script: Script, keys: int, args: int) -> bytes:
+    """``*N EVALSHA sha numkeys``: the head of every call of ``script`` with that many keys and arguments."""
+    shape = (script.sha, keys, args)
+    head = _heads.get(shape)
+    if head is None:
+        head = _heads[shape] = b"*%d\r\n" % (3 + keys + args) + pack([("EVALSHA", script.sha, keys)])[4:]
+    return head
 
 
 def pack_calls(calls: Sequence[Call]) -> bytes:
     """RESP-encode calls; the constant ``EVALSHA sha numkeys`` head of each shape is encoded once (several
-    times faster than redis-py's general packer, which matters for a renewal round of thousands of calls)."""
+    times faster than redis-py's general packer, which matters for a renewal round of thousands of calls),
+    and a call encoded by its maker (``wire``) is sent as it is."""
+    if len(calls) == 1 and calls[0].wire is not None:
+        return calls[0].wire
     out: list[bytes] = []
-    for call in calls:
-        script, keys, args = call
+    for script, keys, args, wire in calls:
+        if wire is not None:
+            out.append(wire)
+            continue
         if script is None:
             out.append(b"*%d\r\n" % len(args))
             _append_bulks(args, out)
             continue
-        shape = (script.sha, len(keys), len(args))
-        head = _heads.get(shape)
-        if head is None:
-            size = b"*%d\r\n" % (3 + shape[1] + shape[2])
-            head = _heads[shape] = size + pack([("EVALSHA", script.sha, shape[1])])[4:]
-        out.append(head)
+        head = _heads.get((script.sha, len(keys), len(args)))
+        out.append(head or script_head(script, len(keys), len(args)))
         _append_bulks(keys, out)
         _append_bulks(args, out)
     return b"".join(out)

@@ -54,7 +54,7 @@ from ...errors import BackendUnavailable
 from ...lease import token_hint
 from ...timing import Clock
 from ..epoch import composite_token
-from .calls import Call
+from .calls import Call, bulks, script_head
 from .keys import LockKeys
 from .quorum import FirstAttempt, NodeResult, free_in, quorum, tally_acquire
 from .scripts import (
@@ -174,7 +174,14 @@ def release_call(keys: LockKeys, token: str | None) -> Call:
     script = FAIR_RELEASE if token is not None else FAIR_FORCE_RELEASE
     if keys.sharded:
         script = SHARDED_FAIR_RELEASE if token is not None else SHARDED_FAIR_FORCE_RELEASE
-    return Call(script, keys.script_keys(), (token or "", keys.channel, keys.clients))
+    lock, fence, channel, queue, alive, clients = keys[:6]
+    args = (token or "", channel, clients)
+    owner = args[0].encode()
+    data = _RELEASE_WIRE % (
+        script_head(script, 4, 3), len(lock), lock, len(fence), fence, len(queue), queue, len(alive), alive,
+        len(owner), owner, len(channel), channel, len(clients), clients,
+    )  # fmt: skip
+    return Call(script, (lock, fence, queue, alive), args, data)
 
 
 def leave_call(keys: LockKeys, token: str, wid: str) -> Call:
@@ -203,10 +210,16 @@ def acquire_flow(
     fencing tokens need the epoch the granting server reports with the attempt's reply).
     """
     will_wait = deadline is None or deadline > clock()  # only a waiter that will wait joins the queue
+    lock, fence, _, queue_key, alive = keys[:5]
 
     def attempt(queue: bool) -> tuple[Call, ...]:
         args = (token, ms(ttl), wid if queue else "", MARGIN_MS, MAX_QUEUE)
-        take = Call(FAIR_ACQUIRE, keys.script_keys(), args)
+        owner, ttl_ms, me = args[0].encode(), b"%d" % args[1], args[2].encode()
+        data = _ACQUIRE_WIRE % (
+            len(lock), lock, len(fence), fence, len(queue_key), queue_key, len(alive), alive, len(owner), owner,
+            len(ttl_ms), ttl_ms, len(me), me,
+        )  # fmt: skip
+        take = Call(FAIR_ACQUIRE, (lock, fence, queue_key, alive), args, data)
         if min_replicas:
             return (take, Call(None, (), ("WAIT", min_replicas, ms(replica_timeout))))
         return (take,)
@@ -253,6 +266,18 @@ def acquire_flow(
     if queued:
         yield Send((leave_call(keys, token, wid),), True, quiet=True)
     return None
+
+
+_FOUR_KEYS = b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
+# An acquire's and a release's RESP, each made in one formatting from its own keys and arguments (issue 17:
+# encoded key by key and argument by argument they cost more than the rest of the driver's Python for them);
+# the acquire's last two arguments, the same for every lock, encoded once. tests/test_redis_wire.py pins both
+# to what pack() makes of their commands.
+_ACQUIRE_WIRE = (
+    script_head(FAIR_ACQUIRE, 4, 5).replace(b"%", b"%%") + _FOUR_KEYS + b"$%d\r\n%b\r\n" * 3
+    + bulks(MARGIN_MS, MAX_QUEUE).replace(b"%", b"%%")
+)  # fmt: skip
+_RELEASE_WIRE = b"%b" + _FOUR_KEYS + b"$%d\r\n%b\r\n" * 3
 
 
 def redlock_take(keys: LockKeys, token: str, ttl: float) -> tuple[Call, ...]:

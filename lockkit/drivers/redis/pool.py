@@ -20,7 +20,8 @@ plus release paid it twice. This pool keeps what matters from them and nothing e
   never be released in the child.
 
 A fan-out (Redlock) checks its connections out with ``ready=False`` and makes them ready itself, after one
-look at all of them (:func:`._sync.connection.stale_connections`).
+look at all of them (:func:`._sync.connection.stale_connections`); so does the node for each command, which
+calls ``ready()`` only for a connection that is not fit as it is (``Connection.fit``: the same look).
 
 ``lockkit/drivers/redis/_async/primitives.py`` holds the asyncio twin (one event loop: no lock, no fork).
 """

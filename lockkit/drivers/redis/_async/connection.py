@@ -92,6 +92,15 @@ class AsyncConnection:
         elif refused is not None:
             raise refused
 
+    def fit(self) -> bool:
+        """Fit to carry commands as it is, so that :meth:`ready` would do nothing: connected, not closed by the
+        server while idle (the stream's ``stale()``), and not due a health check."""
+        stream = self._stream
+        if stream is None or stream.stale():
+            return False
+        interval = self.spec.options.health_check_interval
+        return not interval or time.monotonic() - self._used <= interval
+
     async def ready(self, stale: bool | None = None) -> None:
         """Make this pooled connection fit to carry commands (see the module docstring); ``stale``: whether it
         is unusable, if :func:`stale_connections` just looked (a fan-out asks about all its connections at once)."""

@@ -73,10 +73,28 @@ class SyncNode:
         """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master), on
         ``conn`` if given (from :meth:`checkout`; ``stale``: what :func:`.connection.stale_connections` said of
         it), else on a connection from the pool."""
+        conn, hello = self._send(calls, payload, conn, stale)
+        return Pending(conn, calls, hello)
+
+    def _send(
+        self,
+        calls: Sequence[Call],
+        payload: bytes | None = None,
+        conn: Connection | None = None,
+        stale: bool | None = None,
+    ) -> tuple[Connection, int]:
+        """:meth:`send`, without the :class:`Pending` (:meth:`run` needs none): the connection, and how many
+        hello replies come before the calls' own."""
         if conn is None:
             if self.state.refused is not None:
                 raise self.state.refused
-            conn = self.pool.get()
+            conn = self.pool.get(ready=False)
+            if not conn.fit():  # one fit as it is needs no ready() (issue 17: every command's checkout)
+                try:
+                    conn.ready()  # reconnected if it died while idle, PINGed if it sat idle for long
+                except BaseException:
+                    self.pool.release(conn)
+                    raise
         else:
             try:
                 conn.ready(stale)  # reconnected if it died while idle, PINGed if it sat idle for long
@@ -102,12 +120,14 @@ class SyncNode:
             conn.drop()
             self.pool.release(conn)
             raise
-        return Pending(conn, calls, hello)
+        return conn, hello
 
     def receive(self, pending: Pending, deadline: float) -> list[Any]:
         """The replies of ``pending``'s calls; the first may wait until ``deadline`` (monotonic, shared by a
         fan-out). Error replies come back as exception objects."""
-        conn, calls, hello = pending.conn, pending.calls, pending.hello
+        return self._receive(pending.conn, pending.calls, pending.hello, deadline)
+
+    def _receive(self, conn: Connection, calls: Sequence[Call], hello: int, deadline: float) -> list[Any]:
         try:
             replies = conn.read(hello + len(calls), deadline)
             if hello:
@@ -131,21 +151,25 @@ class SyncNode:
         if idempotent:
             replies, _ = self.run_again_on_error(calls)
             return replies
-        return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout)
+        conn, hello = self._send(calls)
+        return self._receive(conn, calls, hello, time.monotonic() + self.spec.options.timeout)
 
     def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
         """Run idempotent calls, once more on a fresh connection after a connection error; and whether they
         may have run twice: the error came after they were sent, so the server may have run them and only the
         reply was lost (a release retried then finds its own work done and must not read that as "not ours")."""
+        timeout = self.spec.options.timeout
         try:
-            pending = self.send(calls)
+            conn, hello = self._send(calls)
         except RedisConnectionError:  # nothing reached the server: a plain retry
-            return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout), False
+            conn, hello = self._send(calls)
+            return self._receive(conn, calls, hello, time.monotonic() + timeout), False
         try:
-            return self.receive(pending, time.monotonic() + self.spec.options.timeout), False
+            return self._receive(conn, calls, hello, time.monotonic() + timeout), False
         except RedisConnectionError:
             pass
-        return self.receive(self.send(calls), time.monotonic() + self.spec.options.timeout), True
+        conn, hello = self._send(calls)
+        return self._receive(conn, calls, hello, time.monotonic() + timeout), True
 
     def abandon(self, pending: Pending | Connection) -> None:
         """Give back a connection whose replies will not be read (a fan-out interrupted half-way): it is
