@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 from .metrics import HISTOGRAMS, Totals, _Exporter, families
 
 __all__ = ["FLUSH_INTERVAL", "MultiProcessCollector", "enable", "flush", "mark_process_dead"]
@@ -82,9 +83,9 @@ def _directory(path: str | os.PathLike[str] | None) -> Path:
     if path is None:
         path = os.environ.get(ENV)
         if not path:
-            raise ValueError(f"give the metrics directory: {ENV} is not set")
+            raise ConfigError(f"give the metrics directory: {ENV} is not set (set it, or pass the directory)")
     if not os.path.isdir(path):
-        raise ValueError(f"the metrics directory {os.fspath(path)!r} is not a directory (create it at server start)")
+        raise ConfigError(f"the metrics directory {os.fspath(path)!r} is not a directory (create it at server start)")
     return Path(path)
 
 
@@ -237,7 +238,7 @@ class MultiProcessCollector:
 
         self.directory = _directory(path)
         if registry is REGISTRY:
-            raise ValueError(
+            raise ConfigError(
                 "register lockkit's MultiProcessCollector in a fresh prometheus_client.CollectorRegistry(): the "
                 "default registry already exports this process's lockkit metrics under the same names"
             )

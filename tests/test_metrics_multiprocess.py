@@ -19,7 +19,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402  (after the skip)
 
-from lockkit import metrics_multiprocess  # noqa: E402
+from lockkit import ConfigError, metrics_multiprocess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -241,9 +241,9 @@ def test_files_of_another_format_are_skipped_not_summed(directory: Path, caplog:
 
 def test_misuse_is_refused_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    with pytest.raises(ValueError, match="PROMETHEUS_MULTIPROC_DIR is not set"):
+    with pytest.raises(ConfigError, match="PROMETHEUS_MULTIPROC_DIR is not set"):
         metrics_multiprocess.MultiProcessCollector(prometheus_client.CollectorRegistry())
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ConfigError, match="not a directory"):
         metrics_multiprocess.MultiProcessCollector(None, path=tmp_path / "missing")
-    with pytest.raises(ValueError, match=r"fresh prometheus_client\.CollectorRegistry"):
+    with pytest.raises(ConfigError, match=r"fresh prometheus_client\.CollectorRegistry"):
         metrics_multiprocess.MultiProcessCollector(prometheus_client.REGISTRY, path=tmp_path)

@@ -68,7 +68,10 @@ class LockKeys(NamedTuple):
 
 def check_prefix(prefix: str) -> str:
     if "{" in prefix or "}" in prefix:
-        raise ConfigError(f"key prefix {prefix!r} must not contain '{{' or '}}' (they delimit the hash tag)")
+        raise ConfigError(
+            f"key prefix {prefix!r} must not contain '{{' or '}}' (they delimit the hash tag); choose a prefix "
+            "without braces"
+        )
     return prefix
 
 
