@@ -19,9 +19,9 @@ locks = lockkit.connect(sys.argv[1])
 lost = []
 
 def work():
-    lock = locks.lock("shutdown-renewal", ttl=1, on_lost=lost.append)
+    lock = locks.lock("shutdown-renewal", ttl=2, on_lost=lost.append)
     lease = lock.acquire()
-    end = time.monotonic() + 3.5  # three and a half ttls: renewed at least twice after the main thread returned
+    end = time.monotonic() + 4.5  # over two ttls: renewed several times after the main thread returned
     while time.monotonic() < end:
         if not lease.valid or lost:
             print("LOST", round(time.monotonic() - start, 2), flush=True)
