@@ -501,7 +501,8 @@ class RenewalScheduler:
         while True:
             try:
                 self._turn()
-            except Exception:  # this thread renews every lock of the process: it must outlive any one failure
+            except BaseException:  # it renews every lock of the process: it must outlive any one failure, even a
+                # SystemExit raised by a user's on_lost run here (it would end only this thread, never the process)
                 log.exception("lockkit: the renewal thread's turn failed; going on")
                 time.sleep(0.01)
 
@@ -518,10 +519,16 @@ class RenewalScheduler:
                 self._cond.wait(max(0.001, wake_at - now))
                 self._planned = None
                 return
-        for entry in self.book.expire(expired):
-            self._pool.submit(self._release_ended, entry.target, entry.lease)
-        for target, batch in batches.items():
+        for target, batch in batches.items():  # first: an on_lost run below must not cost them their turn
             self._pool.submit(self._renew_batch, target, batch)
+        for entry in expired:  # one at a time: what one lease's on_lost raises must not skip the others'
+            try:
+                ended = self.book.expire([entry])
+            except BaseException:  # SystemExit too: it would end this thread, which renews every lock
+                log.exception("lockkit: an on_lost callback of %r raised", entry.lease.name)
+                continue
+            for done in ended:
+                self._pool.submit(self._release_ended, done.target, done.lease)
 
     def _release_ended(self, target: Any, lease: Lease) -> None:
         """Free a session-bound lock whose lease ended (see :meth:`RenewalBook.expire`); owner-checked."""

@@ -50,8 +50,9 @@ class Workers:
             with self._mutex:
                 self._threads -= 1
             log.warning("lockkit: could not start a %s thread; running the call in this one", self._name)
-            # A queued call (perhaps an earlier one) runs here, in the place of the thread counted to take it
-            self._run_one()
+            # A queued call (perhaps an earlier one) runs here, in the place of the thread counted to take it;
+            # none left if a busy thread finished meanwhile and took it (never wait here: this is the caller)
+            self._run_one(wait=False)
 
     def _work(self) -> None:
         while True:
@@ -59,9 +60,12 @@ class Workers:
             with self._mutex:
                 self._idle += 1
 
-    def _run_one(self) -> None:
-        fn, args = self._calls.get()
+    def _run_one(self, wait: bool = True) -> None:
+        try:
+            fn, args = self._calls.get() if wait else self._calls.get_nowait()
+        except queue.Empty:
+            return
         try:
             fn(*args)
-        except Exception:
+        except BaseException:  # SystemExit from a user's on_lost too: it would end this thread, never to return
             log.exception("lockkit: a %s call failed", self._name)

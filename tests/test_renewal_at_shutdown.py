@@ -45,3 +45,20 @@ def test_c13_renewal_goes_on_after_the_main_thread_returned(kind: str, tmp_path:
     assert done.returncode == 0, done.stderr
     assert "Exception in thread" not in done.stderr, done.stderr
     assert done.stdout.strip() == "HELD", (done.stdout, done.stderr)
+
+
+def test_c13_an_on_lost_that_exits_leaves_the_renewal_thread_running() -> None:
+    """A user's on_lost runs on lockkit's renewal thread when a lease ends at its own deadline; a sys.exit() there
+    ended that thread (it renews every lock of the process), and every other lock lapsed unrenewed."""
+    import time
+
+    import lockkit
+
+    with lockkit.connect("memory://exit-in-on-lost") as locks:
+        quitter = locks.lock("c13:quitter", ttl=0.3, auto_renew=False, on_lost=lambda lease: sys.exit(1))
+        quitter.acquire()
+        healthy = locks.lock("c13:healthy", ttl=1)
+        lease = healthy.acquire()
+        time.sleep(2.5)  # the quitter's deadline passes at 0.3 s; the healthy lock needs renewing from 0.33 s
+        assert lease.valid, lease.lost_reason
+        healthy.release()

@@ -70,3 +70,48 @@ def test_a_thread_that_cannot_start_runs_the_call_in_the_caller(monkeypatch: pyt
     monkeypatch.setattr(threading.Thread, "start", refuse)
     workers.submit(lambda: ran.append(threading.current_thread().name))
     assert ran == [threading.current_thread().name]
+
+
+def test_a_call_raising_system_exit_leaves_the_thread_working() -> None:
+    """A user's on_lost that calls sys.exit() on a worker: the thread must live on (it is counted towards the
+    limit; four such deaths stopped every later call, the review of 2026-12-02 found)."""
+    import sys
+
+    workers = Workers(1, "test-workers-exit")
+    after = threading.Event()
+    for _ in range(3):
+        workers.submit(sys.exit, 1)
+    workers.submit(after.set)
+    assert after.wait(10)
+    assert len([t for t in _named("test-workers-exit") if t.is_alive()]) == 1
+
+
+def test_the_fallback_never_waits_for_a_call_a_worker_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that cannot start: the caller runs a queued call itself, but if a busy worker took it meanwhile
+    there is none left, and the caller must not wait for one (it is the renewal thread)."""
+    workers = Workers(2, "test-workers-race")
+    started, release, taken, go, done = (threading.Event() for _ in range(5))
+
+    def busy() -> None:
+        started.set()
+        release.wait(10)
+
+    workers.submit(busy)
+    assert started.wait(10)
+
+    def submit_when_told() -> None:
+        go.wait(10)
+        workers.submit(taken.set)
+        done.set()
+
+    caller = threading.Thread(target=submit_when_told, daemon=True)
+    caller.start()  # before start() is made to fail below
+
+    def refuse(self: threading.Thread) -> None:
+        release.set()  # the busy worker finishes now, and takes the call this submit just queued
+        assert taken.wait(10)
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    go.set()
+    assert done.wait(10), "submit waited for a call a worker had already taken"
