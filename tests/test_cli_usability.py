@@ -53,13 +53,21 @@ def _wait_for_a_waiter(locks: lockkit.Locker, name: str, child: subprocess.Popen
 def test_ctrl_c_while_waiting_exits_130_without_a_traceback(tmp_path: Path) -> None:
     url = (tmp_path / "locks").as_uri()
     with lockkit.connect(url) as locks, locks.lock("job", ttl=30):
+        # -X faulthandler: should it hang, SIGABRT makes it print every thread's stack (seen hanging once, in CI)
         waiting = subprocess.Popen(
-            [*LOCKKIT, "run", "job", "--url", url, "--", "true"], stderr=subprocess.PIPE, text=True
+            [sys.executable, "-X", "faulthandler", *LOCKKIT[1:], "run", "job", "--url", url, "--", "true"],
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             _wait_for_a_waiter(locks, "job", waiting)
             waiting.send_signal(signal.SIGINT)
-            _, err = waiting.communicate(timeout=30)
+            try:
+                _, err = waiting.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                waiting.send_signal(signal.SIGABRT)
+                _, stacks = waiting.communicate(timeout=30)
+                raise AssertionError(f"lockkit run did not exit on Ctrl-C; its threads:\n{stacks}") from None
         finally:
             waiting.kill()
     assert waiting.returncode == 130
