@@ -345,10 +345,14 @@ def test_a_forked_child_waits_on_redlock_as_a_client_of_its_own(redlock_servers:
     with lockkit.connect(redlock_servers.url) as locks, lockkit.connect(redlock_servers.url) as other:
         holder = other.lock(n, ttl=10)
         holder.acquire()
-        threading.Timer(0.2, holder.release).start()
+        releaser = threading.Timer(0.2, holder.release)
+        releaser.start()
         waited = locks.lock(n, ttl=10)
         waited.acquire(timeout=5)  # a wait: this client's hubs listen on n's channel (for a while after, too)
         waited.release()
+        # The waiter can be granted, and release, before the timer's release() has returned: a handle is one
+        # holder's, so this thread uses it again only once that call is over (it failed once in CI without)
+        releaser.join(10)
         holder.acquire()
         pid = os.fork()
         if pid == 0:  # the child: wait on the parent's locker; exit code 2 if the release did not wake it
