@@ -42,7 +42,10 @@ def test_an_idle_thread_takes_the_next_call_instead_of_a_new_thread() -> None:
         finished = threading.Event()
         workers.submit(finished.set)
         assert finished.wait(10)
-        time.sleep(0.005)  # the thread is back waiting
+        deadline = time.monotonic() + 10
+        while workers._idle < 1:  # until the thread counts itself waiting again (no fixed sleep: a loaded CI)
+            assert time.monotonic() < deadline, "the worker never came back to wait"
+            time.sleep(0.001)
     assert len(_named("test-workers-idle")) == 1
 
 
