@@ -24,10 +24,12 @@ Medians, p99 and ratios of medians against the row's floor.
 processes' load does not inflate) and the wall time per acquire+release of the floor, of lockkit's own
 connection sending the floor's commands, and the driver's own calls' bytes (made by the acquire flow, no node:
 what the server's scripts cost over the floor's commands), of its node running the driver's own calls, of the
-driver, and of
+driver, of
 the whole ``AsyncLock`` (offloaded faces: the blocking driver offloaded the floor's way, the offload adapter,
-the ``AsyncLock``), each with its ratio to the floor, interleaved in blocks and the median of 5 rounds; and
-the turns of the event loop and the tasks each layer makes per acquire+release (counted over 100 more).
+the ``AsyncLock``) and, for redis://, of the ``AsyncLock`` with its reads blocking right after each send (no
+loop turns before a reply: ``stream.REPLY_TURNS = 0``, which shows what those turns save), each with its ratio
+to the floor, interleaved in blocks and the median of 5 rounds; and the turns of the event loop and the tasks
+each layer makes per acquire+release (counted over 100 more).
 
 ``--parts front`` measures the front end alone (issue 17): ``AsyncLock`` over a driver stub that answers each call
 after one turn of the loop (``asyncio.sleep(0)``), against the stub's own calls, layer by layer as above (no
@@ -257,6 +259,7 @@ async def front_part(ops: int) -> str:
 
 
 async def redis_layers_part(port: int, url: str, ops: int) -> str:
+    from lockkit.drivers.redis._async import stream
     from lockkit.drivers.redis._async.connection import AsyncConnection
     from lockkit.drivers.redis.calls import pack, pack_calls
     from lockkit.drivers.redis.flow import acquire_flow, release_call, waiter_id
@@ -302,10 +305,19 @@ async def redis_layers_part(port: int, url: str, ops: int) -> str:
             assert await driver.acquire(name, token, 10, time.monotonic() + 10) is not None
             assert await driver.release(name, token)
 
+        whole = via(locks)
+
+        async def no_turns(name: str) -> None:  # the AsyncLock, its reads blocking right after each send
+            turns, stream.REPLY_TURNS = stream.REPLY_TURNS, 0
+            try:
+                await whole(name)
+            finally:
+                stream.REPLY_TURNS = turns
+
         ops_by_layer: dict[str, Op] = {
             "redis.asyncio floor": floor, "lockkit connection, floor's commands": transport,
             "lockkit connection, driver's bytes": driver_bytes, "lockkit node, the driver's calls": node_calls,
-            "lockkit driver": driver_calls, "AsyncLock": via(locks),
+            "lockkit driver": driver_calls, "AsyncLock": whole, "AsyncLock, no loop turns before a reply": no_turns,
         }  # fmt: skip
         await driver_calls(f"scripts:{uuid.uuid4().hex}")  # the node's hello loads the scripts the bytes call
         table = await alayers(ops_by_layer, ops)

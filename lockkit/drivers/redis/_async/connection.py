@@ -139,6 +139,8 @@ class AsyncConnection:
         replies: list[Any] = []
         if parser.pos < len(parser.buf):  # bytes left by next_reply (a read leaves none): replies already here
             parser.take(count, replies)
+        if len(replies) < count:
+            await stream.turns_before_reply()
         while len(replies) < count:
             parser.feed(await stream.recv(None if replies else deadline))
             parser.take(count, replies)

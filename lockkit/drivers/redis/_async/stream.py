@@ -26,8 +26,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..config import NodeSpec
 
-__all__ = ["AsyncStream", "open_stream", "stale_all"]
+__all__ = ["REPLY_TURNS", "REPLY_WINDOW", "AsyncStream", "open_stream", "stale_all"]
 
+
+REPLY_TURNS = 3
+"""How many turns a reader lets the event loop take, at most, after a command is sent and before it blocks on
+the reply (:meth:`AsyncStream.turns_before_reply`, issue 17)."""
+REPLY_WINDOW = 30e-6
+"""...and for how long at most (seconds, ``time.perf_counter``): in a loop busy with other tasks one turn may
+take longer than the reply, which must not wait behind more of them."""
 
 _BUFFER = 16 * 1024
 """What one read of the socket takes at most: small, as a pool may hold 64 connections (a 10,000-lease renewal
@@ -167,6 +174,24 @@ class AsyncStream:
             await _bounded(protocol.writable, self._timeout, error)
             if protocol.closed is not None:
                 raise RedisConnectionError(protocol.closed)
+
+    async def turns_before_reply(self) -> None:
+        """Let the event loop turn a few times (:data:`REPLY_TURNS`, within :data:`REPLY_WINDOW`) before a reader
+        blocks on the reply to a command it just sent, unless the reply is here already.
+
+        Other tasks run meanwhile, as they would while this one waits; what it saves is the wake-up. A task that
+        blocks right after its send puts an idle loop to sleep in ``epoll_wait``, and on the virtual machines
+        this project measures on, waking a sleeping vCPU when the reply comes costs 20-50 µs per round trip:
+        more than the whole client's Python. A few turns (a zero-timeout ``select`` each) keep it awake for
+        the ~20-40 µs a loopback Redis takes to answer, for about the CPU the sleep and wake-up cost themselves
+        (measured in docs/benchmarks.md, "loop turns before a reply"; ``bench_async.py --parts redis-layers``
+        has a row without them). redis.asyncio gets the same from the turns its own reader takes."""
+        protocol = self._protocol
+        until = time.perf_counter() + REPLY_WINDOW
+        for _ in range(REPLY_TURNS):
+            if protocol.data or protocol.closed is not None or time.perf_counter() >= until:
+                return
+            await asyncio.sleep(0)
 
     async def recv(self, deadline: float | None) -> bytes:
         """What has arrived, waiting until ``deadline`` (monotonic; None: the connection's own timeout from now,

@@ -141,6 +141,8 @@ class Connection:
         replies: list[Any] = []
         if parser.pos < len(parser.buf):  # bytes left by next_reply (a read leaves none): replies already here
             parser.take(count, replies)
+        if len(replies) < count:
+            stream.turns_before_reply()
         while len(replies) < count:
             parser.feed(stream.recv(None if replies else deadline))
             parser.take(count, replies)

@@ -79,6 +79,11 @@ class Stream:
         except OSError as exc:
             raise RedisConnectionError(f"Error while writing to redis {self._label}: {exc}") from exc
 
+    def turns_before_reply(self) -> None:
+        """Nothing on this face. The asyncio twin lets its event loop turn a few times before it blocks on a reply
+        (the wake-up it saves, see there); here that would be a busy wait, spending the CPU that the server and
+        the other threads of the machine need, and a blocked thread lets the others run anyway."""
+
     def recv(self, deadline: float | None) -> bytes:
         """What has arrived, waiting until ``deadline`` (monotonic; None: the socket's own timeout from now,
         ``math.inf``: for ever)."""
