@@ -21,12 +21,12 @@ to one of the runners below:
   substituted mapping, and each backend must be reachable; a pyproject.toml fragment must register drivers
   under lockkit's entry-point group.
 - Credentials: every ``*_PASSWORD`` variable is ``PASSWORD``, and the session's Redis has a user ``app`` with
-  it (the examples' user), so the examples' logins are really made. So do the Sentinel set's master and replicas
-  and every node of the Redis Cluster, and the sentinels have the page's ``lockkit-sentinel`` user with its ACL
-  rule as written; a literal ``PASSWORD`` in a URL (``app:PASSWORD@``, ``sentinel_password=PASSWORD``: the
-  Redis page's placeholder) is replaced by it. The PostgreSQL server has the page's role ``locker`` with the
-  page's password ``PG_PASSWORD`` (also in ``PGPASSWORD``, for the URL that leaves it to libpq) and a database
-  ``orders`` it may create its tables in.
+  it (the examples' user), so the examples' logins are really made. The Sentinel set's master and replicas and
+  every node of the Redis Cluster have that user too, and the sentinels the page's ``lockkit-sentinel`` user
+  with its ACL rule as written (``doc_acl_rule``); a literal ``PASSWORD`` in a URL (``app:PASSWORD@``,
+  ``sentinel_password=PASSWORD``: the Redis page's placeholder) is replaced by it. The PostgreSQL server has the
+  page's role ``locker`` with the page's password ``PG_PASSWORD`` (also in ``PGPASSWORD``, for the URL that
+  leaves it to libpq) and a database ``orders`` it may create its tables in.
 - Other fences (``sql``, and fences without a language: output, key layouts, ACL rules) are not run.
 
 Directives, an HTML comment right before a fence (invisible where the Markdown is rendered):
