@@ -21,7 +21,12 @@ to one of the runners below:
   substituted mapping, and each backend must be reachable; a pyproject.toml fragment must register drivers
   under lockkit's entry-point group.
 - Credentials: every ``*_PASSWORD`` variable is ``PASSWORD``, and the session's Redis has a user ``app`` with
-  it (the examples' user), so the examples' logins are really made.
+  it (the examples' user), so the examples' logins are really made. The Sentinel set's master and replicas and
+  every node of the Redis Cluster have that user too, and the sentinels the page's ``lockkit-sentinel`` user
+  with its ACL rule as written (``doc_acl_rule``); a literal ``PASSWORD`` in a URL (``app:PASSWORD@``,
+  ``sentinel_password=PASSWORD``: the Redis page's placeholder) is replaced by it. The PostgreSQL server has the
+  page's role ``locker`` with the page's password ``PG_PASSWORD`` (also in ``PGPASSWORD``, for the URL that
+  leaves it to libpq) and a database ``orders`` it may create its tables in.
 - Other fences (``sql``, and fences without a language: output, key layouts, ACL rules) are not run.
 
 Directives, an HTML comment right before a fence (invisible where the Markdown is rendered):
@@ -44,9 +49,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from backends.servers import PostgresServer
 
 try:
     import tomllib
@@ -58,6 +66,8 @@ pytest_plugins = ["backends.pytest_fixtures"]  # the session's servers, also whe
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "doc-test-secret"
 """Every ``*_PASSWORD`` variable of the examples (and etcdctl's password prompts) gets this value."""
+PG_PASSWORD = "p@ss/word"
+"""The PostgreSQL page's password of its role ``locker`` (it shows how to percent-encode one like it)."""
 PYTHON_LANGS = {"python", "py", "python3"}
 SHELL_LANGS = {"sh", "shell", "bash", "console"}
 DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test:\s*(\S+)\s*(.*?)\s*-->\s*$", re.S)
@@ -68,7 +78,12 @@ HOSTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\br[1-9]:6379(?:,r[1-9]:6379)*"), "redlock"),
     (re.compile(r"\betcd-[1-9]:2379(?:,etcd-[1-9]:2379)*"), "etcd"),
     (re.compile(r"\bzk-?[1-9]:2181(?:,zk-?[1-9]:2181)*"), "zookeeper"),
+    (re.compile(r"\bsentinel-[1-9]:26379(?:,sentinel-[1-9]:26379)*"), "sentinel"),
+    (re.compile(r"\bredis-[1-9]:6379(?:,redis-[1-9]:6379)*"), "cluster"),
+    (re.compile(r"\bdb-1:5432\b"), "postgres"),
 ]
+# The password placeholder of the Redis page's URLs -> the session's password.
+PLACEHOLDERS = re.compile(r"(?<=:)PASSWORD(?=@)|(?<=_password=)PASSWORD\b")
 # Paths of the examples -> where they point in the test (the working directory, the system's CA bundle).
 PATHS: list[tuple[re.Pattern[str], Callable[[DocsEnv], str]]] = [
     (re.compile(r"(?<=file://)/var/lib/"), lambda env: f"{env.cwd}/var/lib/"),
@@ -205,6 +220,23 @@ class DocsEnv:
             return str(self.request.getfixturevalue("etcd_server").endpoint)
         if kind == "zookeeper":
             return str(self.request.getfixturevalue("zookeeper_server").hosts)
+        if kind == "sentinel":
+            sentinels = self.request.getfixturevalue("sentinel_set")
+            for server in sentinels.redis:  # ACL users are not replicated: the same login on every one
+                _redis_user(server.host, server.port)
+            rule = doc_acl_rule("lockkit-sentinel")  # the page's rule as written: the example checks it
+            for sentinel in sentinels.sentinels:
+                sentinel.ask("ACL", "SETUSER", "lockkit-sentinel", "reset", f">{PASSWORD}", *rule)
+            return ",".join(f"{s.host}:{s.port}" for s in sentinels.sentinels)
+        if kind == "cluster":
+            cluster = self.request.getfixturevalue("redis_cluster")
+            for node in cluster.members:  # a cluster does not share ACL users either
+                _redis_user(node.host, node.port)
+            return ",".join(f"{n.host}:{n.port}" for n in cluster.members)
+        if kind == "postgres":
+            s = self.request.getfixturevalue("postgres_server")
+            _postgres_role(s)
+            return f"{s.host}:{s.port}"
         raise KeyError(kind)
 
     def substitute(self, text: str) -> str:
@@ -213,7 +245,7 @@ class DocsEnv:
                 text = pattern.sub(self.server(kind), text)
         for pattern, replace in PATHS:
             text = pattern.sub(replace(self), text)
-        return text
+        return PLACEHOLDERS.sub(PASSWORD, text)
 
     def check_lockers(self, reach: bool) -> None:
         """Every locker the block opened and left open reaches its backends; all are closed after."""
@@ -243,6 +275,7 @@ def docs_env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     for var in ("REDIS_PASSWORD", "ETCD_PASSWORD", "ZK_PASSWORD", "PW"):
         monkeypatch.setenv(var, PASSWORD)
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
     report = tmp_path / "report.sh"
     report.write_text(REPORT_SH)
     report.chmod(0o755)
@@ -335,6 +368,26 @@ def _redis_user(host: str, port: int) -> None:
 
     with redis.Redis(host=host, port=port) as client:
         client.execute_command("ACL", "SETUSER", "app", "on", f">{PASSWORD}", "~*", "&*", "+@all")
+
+
+def doc_acl_rule(user: str, page: str = "docs/backends/redis.md") -> list[str]:
+    """The ACL rule ``page`` gives ``user`` (``ACL SETUSER USER on >PASSWORD …``), as written, without the password."""
+    m = re.search(rf"^ACL SETUSER {re.escape(user)} (.*?) >PASSWORD (.*)$", (ROOT / page).read_text(), re.M)
+    assert m, f"{page} has no 'ACL SETUSER {user} … >PASSWORD …' line"
+    return [*m.group(1).split(), *m.group(2).split()]
+
+
+def _postgres_role(server: PostgresServer) -> None:
+    """The PostgreSQL page's role ``locker`` (password ``PG_PASSWORD``) and its database ``orders``, with the rights
+    of the page's "The role's rights" (the variant that lets lockkit create its tables)."""
+    if server.psql("SELECT 1 FROM pg_database WHERE datname = 'orders'") != "1":
+        server.psql("CREATE DATABASE orders")
+    if server.psql("SELECT 1 FROM pg_roles WHERE rolname = 'locker'") != "1":
+        server.psql("CREATE ROLE locker")
+    server.psql(f"ALTER ROLE locker LOGIN PASSWORD '{PG_PASSWORD}'")
+    server.psql(
+        "GRANT CONNECT ON DATABASE orders TO locker; GRANT USAGE, CREATE ON SCHEMA public TO locker", database="orders"
+    )
 
 
 def _check_pyproject(data: dict[str, Any]) -> None:

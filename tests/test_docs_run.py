@@ -123,7 +123,7 @@ def test_a_doc_that_drifts_fails(tmp_path: Path) -> None:
         (tmp_path / name).write_text(textwrap.dedent(text).lstrip())
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
-         "--markdown-docs", "-p", "no:cacheprovider", "-q", "-rA",
+         "--markdown-docs", "-p", "no:cacheprovider", "-q", "-rA", "--setup-show",
          *sorted(str(tmp_path / name) for name in DRIFTED)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
@@ -136,3 +136,5 @@ def test_a_doc_that_drifts_fails(tmp_path: Path) -> None:
     assert "literal ${…} text" in done.stdout and "unrecognized arguments: --jsn" in done.stdout
     assert "unknown top-level key" in done.stdout or "routs" in done.stdout
     assert "needs a production cluster" in done.stdout and "give the reason" in done.stdout
+    # the session's servers start for the blocks that name them only: none of these needs a cluster or PostgreSQL
+    assert not re.search(r"SETUP +S (sentinel_set|redis_cluster|postgres_server)\b", done.stdout), done.stdout[-6000:]
