@@ -72,12 +72,6 @@ def test_documented_sentinel_acl_rules_are_enough(sentinel_set: SentinelSet) -> 
             sentinel.ask("ACL", "DELUSER", sentinel_user)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lockkit/drivers/redis/sentinel_config.py parse_master_reply takes a refused SENTINEL MASTER as config "
-    "epoch 0, silently: after a failover such a client's tokens fall below the ones it handed out before "
-    "(seen: 281474976710657, then 2). It should be a ConfigError naming +sentinel|master",
-)
 def test_a_sentinel_user_without_sentinel_master_is_refused(sentinel_set: SentinelSet) -> None:
     sentinel_user = f"lks{secrets.token_hex(3)}"
     rule = [word for word in doc_acl_rule("lockkit-sentinel") if word != "+sentinel|master"]

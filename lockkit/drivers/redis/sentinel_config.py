@@ -7,6 +7,7 @@ there); the sentinels' own are the options ``sentinel_username`` and ``sentinel_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,14 +103,25 @@ def resolve_commands(service: str) -> list[tuple[Any, ...]]:
     return [("SENTINEL", "get-master-addr-by-name", service), ("SENTINEL", "MASTER", service)]
 
 
-def parse_master_reply(replies: Sequence[Any]) -> Master | None:
-    """The master the sentinel names; None if it does not know the service (an error reply or nil)."""
+def parse_master_reply(replies: Sequence[Any], sentinel: str = "the sentinel") -> Master | None:
+    """The master the sentinel names; None if it does not know the service (an error reply or nil).
+
+    The master's ``config-epoch`` (from ``SENTINEL MASTER``) is required, not defaulted: taken as 0 when a
+    sentinel refused that command (an ACL without ``+sentinel|master``), the tokens after a failover would rank
+    below the ones handed out before it — fencing broken, without a word."""
     address, record = replies[0], replies[1]
     if not isinstance(address, list) or len(address) != 2:
         return None
-    fields: dict[bytes, Any] = {}
+    epoch = -1
     if isinstance(record, list):
-        fields = dict(zip(record[::2], record[1::2], strict=False))
-    raw = fields.get(b"config-epoch", b"0")
-    epoch = int(raw) if isinstance(raw, (bytes, int)) else 0
+        raw = dict(zip(record[::2], record[1::2], strict=False)).get(b"config-epoch")
+        with contextlib.suppress(TypeError, ValueError):
+            epoch = int(raw)
+    if epoch < 0:
+        why = f"it answered {record}" if isinstance(record, Exception) else "its reply had no config-epoch"
+        raise ConfigError(
+            f"{sentinel} named the master but not its configuration epoch ({why}): lockkit needs SENTINEL MASTER "
+            "to keep fencing tokens increasing across failovers. Give the sentinel user +sentinel|master (with "
+            "+sentinel|get-master-addr-by-name), as docs/backends/redis.md's ACL rule for sentinels does"
+        )
     return Master(address[0].decode(), int(address[1]), epoch)

@@ -65,7 +65,7 @@ class SyncSentinels:
                     f"{spec.label} is not a sentinel (it does not know SENTINEL): a redis+sentinel:// URL names the "
                     "sentinels; for one Redis server use redis://, for a node of a Redis Cluster redis+cluster://"
                 )
-            master = parse_master_reply(replies)
+            master = parse_master_reply(replies, f"sentinel {spec.label}")
             if master is None:
                 unknown.append(spec.label)
                 continue
