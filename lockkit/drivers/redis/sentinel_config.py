@@ -114,7 +114,7 @@ def parse_master_reply(replies: Sequence[Any], sentinel: str = "the sentinel") -
         return None
     epoch = -1
     if isinstance(record, list):
-        raw = dict(zip(record[::2], record[1::2], strict=False)).get(b"config-epoch")
+        raw: Any = dict(zip(record[::2], record[1::2], strict=False)).get(b"config-epoch")
         with contextlib.suppress(TypeError, ValueError):
             epoch = int(raw)
     if epoch < 0:
