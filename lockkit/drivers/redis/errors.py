@@ -30,10 +30,12 @@ def _refused(exc: BaseException) -> bool:
 
 
 def login_refused(spec: NodeSpec, exc: BaseException) -> ConfigError:
-    where = spec.path or f"{spec.host}:{spec.port}"
+    # No scheme in the advice: the same NodeSpec serves redis://, rediss://, redlock://, redis+sentinel:// (the
+    # master's login) and redis+cluster://, and a redis:// example misled the users of the others.
     return ConfigError(
         f"redis {spec.label} refused the login of user {_user(spec)!r} ({exc}). Fix the user and password in the "
-        f"URL (redis://USER:PASSWORD@{where}/DB; no user means 'default'), or the server's ACL for that user"
+        "URL (USER:PASSWORD@ before the host, as in the URL's own scheme; no user means 'default'), or the "
+        "server's ACL for that user"
     )
 
 

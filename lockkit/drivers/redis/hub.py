@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ._async.connection import AsyncConnection
 from .calls import pack
@@ -79,6 +79,11 @@ def snapshot_all(hubs: Sequence[Hub], channel: bytes) -> list[Snapshot]:
     return [None] * len(hubs)
 
 
+def _refusal(exc: BaseException) -> bool:
+    """A server's refusal of the subscription itself (an ACL's ``NOPERM``), not a failed connection."""
+    return isinstance(exc, ResponseError)
+
+
 class Hub:
     def __init__(self, spec: NodeSpec, lost: Lost | None = None) -> None:
         """``lost``: make this a hub of shard channels (SSUBSCRIBE, Redis 7), which hands the channels whose slot
@@ -111,6 +116,8 @@ class Hub:
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._refusal_told = False
+        """A refused subscription was logged as a warning (once per hub: it is retried, each time at DEBUG)."""
 
     def own_process(self) -> None:
         """Call before a wait: a forked child must not pass for its parent's client (same id, so the parent's
@@ -289,7 +296,17 @@ class Hub:
                     self._last_traffic = loop.time()
                     self._dispatch(reply)
             except (RedisError, OSError) as exc:
-                if not self._closed:
+                if not self._closed and _refusal(exc) and not self._refusal_told:
+                    self._refusal_told = True
+                    log.warning(
+                        "lockkit: redis %s refused this client's pub/sub subscription (%s); it is retried, and until "
+                        "it is granted waiters are not woken by releases (they look again on timers and do not "
+                        "queue) and a sentinel's +switch-master is not heard. Give the user +subscribe and the "
+                        "channels (the ACL rules of docs/backends/redis.md)",
+                        self._spec.label,
+                        exc,
+                    )
+                elif not self._closed:
                     log.debug("lockkit: pub/sub connection to redis %s failed: %s", self._spec.label, exc)
             finally:
                 if checker is not None:
