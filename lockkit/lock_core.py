@@ -18,16 +18,20 @@ from typing import Any
 
 from .configured_backend import Backend
 from .driver import Grant
-from .errors import ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
+from .errors import BackendUnavailable, ConfigError, LockError, LockLost, LockNotOwned, LockTimeout
 from .lease import Lease, LostCallback, RenewalTicket, token_hint
 from .names import validate_name
 from .timing import validate_timeout, validate_ttl
 
-__all__ = ["DEFAULT_TTL", "USE_LOCK_TIMEOUT", "LockCore", "new_token"]
+__all__ = ["DEFAULT_TTL", "LATE_GRANTS", "USE_LOCK_TIMEOUT", "LockCore", "new_token"]
 
 log = logging.getLogger("lockkit")
 
 DEFAULT_TTL = 30.0
+LATE_GRANTS = 3
+"""How many grants in a row an acquire gives back for arriving after their validity ran out (see
+:meth:`LockCore.granted`) before it raises :class:`BackendUnavailable`: a pause of this process passes, a
+server or network slower than the ttl does not."""
 
 
 class _TokenSource:
@@ -140,8 +144,11 @@ class LockCore:
         now = backend.clock()  # the deadline and the wait statistic count from one reading
         return new_token(), None if wait is None else now + wait, now
 
-    def granted(self, token: str, grant: Grant, started: float) -> Lease:
-        """The lease of ``grant`` (won by an acquire that began at ``started``), registered and counted."""
+    def granted(self, token: str, grant: Grant, started: float) -> Lease | None:
+        """The lease of ``grant`` (won by an acquire that began at ``started``), registered and counted; ``None``
+        if the grant came too late to be trusted at all: its validity (send time + ttl − drift) had run out when
+        it arrived — a reply slower than the ttl, or this process paused in between. Nothing is registered then:
+        the face gives the grant back and tries again (:data:`LATE_GRANTS`), as Redlock does (L-7)."""
         backend = self.backend
         stats = backend.stats
         clock = backend.clock
@@ -160,13 +167,26 @@ class LockCore:
             on_lost=on_lost,
             kind=self.noun,
         )
+        now = clock()
+        if now >= lease.expires_at:
+            return None
         with self.mutex:
             self.lease = lease
         backend.track(lease, loss_counted=True)
-        stats.acquired(clock() - started)
+        stats.acquired(now - started)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("lockkit: acquired %r token=%s fencing=%d", self.name, token_hint(token), grant.fencing_token)
         return lease
+
+    def too_late(self, grant: Grant, times: int) -> BackendUnavailable:
+        """What an acquire raises when its grants kept arriving after their own validity had run out."""
+        self.backend.stats.count("errors")
+        return BackendUnavailable(
+            f"{self.kind} {self.name!r} on backend {self.backend.name!r}: the grant arrived after its ttl "
+            f"({grant.ttl:g} s) had run out ({times} time{'s' if times > 1 else ''} in a row, each given back "
+            "unused), so it was never held: the backend, the network or this process is too slow for that ttl. "
+            "Use a longer ttl, or check the server's and this process's latency"
+        )
 
     def timed_out(self, timeout: object) -> LockTimeout:
         self.backend.stats.count("timeouts")

@@ -8,13 +8,14 @@ cancelled) comes from the face's ``primitives`` module.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from types import TracebackType
 
 from ..driver import AsyncDriver, Grant
-from ..errors import LockError, LockTimeout
+from ..errors import LockError, LockNotOwned, LockTimeout
 from ..lease import Lease, RenewalTicket
-from ..lock_core import USE_LOCK_TIMEOUT, LockCore
+from ..lock_core import LATE_GRANTS, USE_LOCK_TIMEOUT, LockCore, new_token
 from ..renewal import AsyncRenewalScheduler
 from .primitives import async_scheduler, finish_even_if_cancelled
 
@@ -68,14 +69,25 @@ class AsyncLock:
         """
         core = self._core
         token, deadline, started = core.begin(timeout)
-        try:
-            grant = await self._take(token, deadline)
-        except LockError:
-            core.backend.stats.count("errors")
-            raise
-        if grant is None:
-            raise core.timed_out(timeout)
-        lease = core.granted(token, grant, started)
+        late = 0
+        while True:
+            try:
+                grant = await self._take(token, deadline)
+            except LockError:
+                core.backend.stats.count("errors")
+                raise
+            if grant is None:
+                raise core.timed_out(timeout)
+            lease = core.granted(token, grant, started)
+            if lease is not None:
+                break
+            # The grant arrived after its own validity ran out: never held, so never handed out (with-blocks ran
+            # unlocked on such leases). Give it back, and try again with a fresh token while there is time.
+            late += 1
+            await self._give_back(token)
+            if late >= LATE_GRANTS or (deadline is not None and core.clock() >= deadline):
+                raise core.too_late(grant, late)
+            token = new_token()
         backend = core.backend
         renewals = self._renewals = async_scheduler(backend.clock)
         renewals.add(lease, backend, core.ttl, core.auto_renew, core.max_hold)
@@ -86,6 +98,11 @@ class AsyncLock:
         core = self._core
         driver: AsyncDriver = core.backend.driver
         return await driver.acquire(core.name, token, core.ttl, deadline)
+
+    async def _give_back(self, token: str) -> None:
+        """Release, owner-checked, a grant that came too late to be trusted; best effort (it lapses at its ttl)."""
+        with contextlib.suppress(LockError):
+            await self._driver().release(self._core.name, token)
 
     async def try_acquire(self) -> Lease | None:
         """One attempt, never waits: the lease, or ``None`` if someone else holds the lock."""
@@ -165,8 +182,15 @@ class AsyncLock:
         lost = self._core.exit_error(lease)
         try:
             await self.release()
-        except LockError:
+        except LockError as error:
             if exc is None and lost is None:
+                # A loss found only now, by the release (the server no longer held our token: expired, or taken
+                # over while the block ran, with no renewal in between to notice): the block's work may have
+                # overlapped another holder's, which is what LockLost says; LockNotOwned alone was missed by
+                # ``except LockLost`` handlers. Other release errors (unreachable, …) stay as they are.
+                found = self._core.exit_error(lease) if isinstance(error, LockNotOwned) else None
+                if found is not None:
+                    raise found from error
                 raise
             if exc is not None:
                 log.warning("lockkit: releasing %r after an error in its block failed", self.name, exc_info=True)

@@ -8,9 +8,11 @@ operations: the lease, renewal through the shared scheduler, loss reporting, ``w
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from ..driver import AsyncPermitDriver, Grant, PermitInfo, PermitMode
+from ..errors import LockError
 from ..lock_core import LockCore
 from .lock import AsyncLock
 
@@ -38,6 +40,10 @@ class AsyncPermit(AsyncLock):
     async def _take(self, token: str, deadline: float | None) -> Grant | None:
         core = self._core
         return await self._permits.acquire_permit(core.name, token, core.ttl, deadline, self._limit, self._mode)
+
+    async def _give_back(self, token: str) -> None:
+        with contextlib.suppress(LockError):
+            await self._permits.release_permit(self._core.name, token)
 
     async def holders(self) -> PermitInfo:
         """How many hold and wait, the limit they use, the last fencing token (one round trip)."""

@@ -10,13 +10,14 @@ cancelled) comes from the face's ``primitives`` module.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from types import TracebackType
 
 from ..driver import Driver, Grant
-from ..errors import LockError, LockTimeout
+from ..errors import LockError, LockNotOwned, LockTimeout
 from ..lease import Lease, RenewalTicket
-from ..lock_core import USE_LOCK_TIMEOUT, LockCore
+from ..lock_core import LATE_GRANTS, USE_LOCK_TIMEOUT, LockCore, new_token
 from ..renewal import RenewalScheduler
 from .primitives import finish_even_if_cancelled, scheduler
 
@@ -70,14 +71,25 @@ class Lock:
         """
         core = self._core
         token, deadline, started = core.begin(timeout)
-        try:
-            grant = self._take(token, deadline)
-        except LockError:
-            core.backend.stats.count("errors")
-            raise
-        if grant is None:
-            raise core.timed_out(timeout)
-        lease = core.granted(token, grant, started)
+        late = 0
+        while True:
+            try:
+                grant = self._take(token, deadline)
+            except LockError:
+                core.backend.stats.count("errors")
+                raise
+            if grant is None:
+                raise core.timed_out(timeout)
+            lease = core.granted(token, grant, started)
+            if lease is not None:
+                break
+            # The grant arrived after its own validity ran out: never held, so never handed out (with-blocks ran
+            # unlocked on such leases). Give it back, and try again with a fresh token while there is time.
+            late += 1
+            self._give_back(token)
+            if late >= LATE_GRANTS or (deadline is not None and core.clock() >= deadline):
+                raise core.too_late(grant, late)
+            token = new_token()
         backend = core.backend
         renewals = self._renewals = scheduler(backend.clock)
         renewals.add(lease, backend, core.ttl, core.auto_renew, core.max_hold)
@@ -88,6 +100,11 @@ class Lock:
         core = self._core
         driver: Driver = core.backend.driver
         return driver.acquire(core.name, token, core.ttl, deadline)
+
+    def _give_back(self, token: str) -> None:
+        """Release, owner-checked, a grant that came too late to be trusted; best effort (it lapses at its ttl)."""
+        with contextlib.suppress(LockError):
+            self._driver().release(self._core.name, token)
 
     def try_acquire(self) -> Lease | None:
         """One attempt, never waits: the lease, or ``None`` if someone else holds the lock."""
@@ -167,8 +184,15 @@ class Lock:
         lost = self._core.exit_error(lease)
         try:
             self.release()
-        except LockError:
+        except LockError as error:
             if exc is None and lost is None:
+                # A loss found only now, by the release (the server no longer held our token: expired, or taken
+                # over while the block ran, with no renewal in between to notice): the block's work may have
+                # overlapped another holder's, which is what LockLost says; LockNotOwned alone was missed by
+                # ``except LockLost`` handlers. Other release errors (unreachable, …) stay as they are.
+                found = self._core.exit_error(lease) if isinstance(error, LockNotOwned) else None
+                if found is not None:
+                    raise found from error
                 raise
             if exc is not None:
                 log.warning("lockkit: releasing %r after an error in its block failed", self.name, exc_info=True)

@@ -10,9 +10,11 @@ operations: the lease, renewal through the shared scheduler, loss reporting, ``w
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from ..driver import Grant, PermitDriver, PermitInfo, PermitMode
+from ..errors import LockError
 from ..lock_core import LockCore
 from .lock import Lock
 
@@ -40,6 +42,10 @@ class Permit(Lock):
     def _take(self, token: str, deadline: float | None) -> Grant | None:
         core = self._core
         return self._permits.acquire_permit(core.name, token, core.ttl, deadline, self._limit, self._mode)
+
+    def _give_back(self, token: str) -> None:
+        with contextlib.suppress(LockError):
+            self._permits.release_permit(self._core.name, token)
 
     def holders(self) -> PermitInfo:
         """How many hold and wait, the limit they use, the last fencing token (one round trip)."""
