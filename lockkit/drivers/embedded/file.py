@@ -89,7 +89,10 @@ class FileOptions:
 
     def __post_init__(self) -> None:
         if self.wakeup not in file_wakeup.MODES:
-            raise ValueError(f"wakeup must be one of {', '.join(file_wakeup.MODES)}, not {self.wakeup!r}")
+            raise ConfigError(
+                f"wakeup must be one of {', '.join(file_wakeup.MODES)}, not {self.wakeup!r}; "
+                "leave it out for auto, the right one for this platform"
+            )
 
 
 @dataclass(frozen=True)
