@@ -250,7 +250,15 @@ def _sets_epoch(spec: BackendSpec) -> bool:
 
 
 def load_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Settings:
+    # Checked before open(), which answers these with a bare TypeError or ValueError ("embedded null byte").
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ConfigError(
+            f"a config must be the path of a lockkit.toml or a mapping of its settings, got {type(path).__name__}; "
+            "pass e.g. 'lockkit.toml' or {'backends': {'default': {'url': 'redis://localhost:6379/0'}}}"
+        )
     source = str(path)
+    if "\0" in os.fsdecode(path):
+        raise ConfigError(f"config file path {source!r} contains a NUL character; remove it")
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)

@@ -106,6 +106,22 @@ def test_file_options_with_an_unknown_wakeup_are_a_config_error() -> None:
         FileOptions(wakeup="carrier-pigeon")
 
 
+def test_a_file_url_with_a_nul_in_its_path_is_a_config_error() -> None:
+    """``%00`` decodes to a NUL, which pathlib refused with a bare ``ValueError: embedded null byte``."""
+    with pytest.raises(lockkit.ConfigError, match="contains a NUL character"):
+        lockkit.connect("file:///tmp/locks%00here")
+
+
+# -- lockkit/config.py: from_config ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", [None, ["lockkit.toml"], "lockkit\0.toml"])
+def test_from_config_of_neither_a_path_nor_a_mapping_is_a_config_error(given: object) -> None:
+    """open() answered these with a bare TypeError, or ValueError for the NUL."""
+    with pytest.raises(lockkit.ConfigError, match=r"lockkit\.toml|NUL"):
+        lockkit.from_config(given)  # type: ignore[arg-type]
+
+
 # -- lockkit/metrics.py, lockkit/metrics_multiprocess.py ------------------------------------------------------
 
 
