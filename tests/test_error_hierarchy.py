@@ -122,6 +122,23 @@ def test_from_config_of_neither_a_path_nor_a_mapping_is_a_config_error(given: ob
         lockkit.from_config(given)  # type: ignore[arg-type]
 
 
+# -- lockkit/guarded.py: @locker.locked ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template", ["order:{order[5]}", "order:{order.id}", "order:{order:%Y}"])
+def test_a_locked_template_that_does_not_fit_the_call_is_invalid_lock_name(template: str) -> None:
+    """The template names a real parameter, but this call's value cannot fill it: the TypeError, AttributeError or
+    ValueError of str.format escaped from the decorated call."""
+    with lockkit.connect("memory://templates") as locks:
+
+        @locks.locked(template)
+        def ship(order: object) -> None:
+            raise AssertionError("not reached: no lock, no call")
+
+        with pytest.raises(lockkit.InvalidLockName, match="does not fit this call's arguments"):
+            ship(3)
+
+
 # -- lockkit/metrics.py, lockkit/metrics_multiprocess.py ------------------------------------------------------
 
 
