@@ -97,6 +97,19 @@ def test_a_plot_that_cannot_be_written_is_a_config_error(tmp_path: Path) -> None
         growth.plot_growth([run], str(tmp_path / "gone" / "growth.png"))
 
 
+def test_verify_against_an_unreachable_backend_fails_with_the_workers_error(tmp_path: Path) -> None:
+    """Each worker died with a BackendUnavailable traceback, and the run still printed RESULT: ok, exit 0:
+    a self-test that passed without testing anything."""
+    done = cli("verify", "--json", "--url", dead_redis(), "--processes", "2", "--duration", "1", cwd=tmp_path)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and not report["ok"], report
+    assert report["failed_workers"] == 2, report
+    assert any(e.startswith("BackendUnavailable: could not connect") for e in report["worker_errors"]), report
+    assert "Traceback" not in done.stderr, done.stderr
+    table = cli("verify", "--url", dead_redis(), "--processes", "1", "--duration", "1", cwd=tmp_path)
+    assert table.returncode == 1 and "RESULT: FAILED: 1 worker(s) failed" in table.stdout, table.stdout
+
+
 # -- lockkit/drivers/embedded/file.py ----------------------------------------------------------------------------
 
 
