@@ -110,6 +110,22 @@ def test_verify_against_an_unreachable_backend_fails_with_the_workers_error(tmp_
     assert table.returncode == 1 and "RESULT: FAILED: 1 worker(s) failed" in table.stdout, table.stdout
 
 
+def test_demo_on_a_process_local_backend_is_refused(tmp_path: Path) -> None:
+    """Its workers are processes: the locked run lost updates too and the demo said 'updates were LOST: a bug'."""
+    done = cli("demo", "--url", "memory://", "--workers", "2", "--deductions", "20", cwd=tmp_path)
+    assert done.returncode == 2, done
+    assert "locks only the threads of one process" in done.stderr and "a bug" not in done.stdout
+
+
+def test_demo_against_an_unreachable_backend_says_why_once_and_hides_the_password(tmp_path: Path) -> None:
+    """It printed the URL as given (password and all) and then a BackendUnavailable traceback per worker."""
+    done = cli("demo", "--url", dead_redis("hunter2-pw"), "--workers", "2", "--deductions", "4", cwd=tmp_path)
+    assert done.returncode == 1, done
+    assert "hunter2-pw" not in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "BackendUnavailable: could not connect" in done.stderr and "lockkit check" in done.stderr, done.stderr
+
+
 # -- lockkit/drivers/embedded/file.py ----------------------------------------------------------------------------
 
 
