@@ -91,7 +91,16 @@ class Settings:
 
 def default_state_dir() -> Path:
     """Where the embedded ``file://`` default keeps its lock files (per user)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = os.environ.get("XDG_STATE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".local" / "state")
+        except RuntimeError:  # no HOME and no passwd entry: a container run under an arbitrary uid
+            raise ConfigError(
+                "the embedded default backend keeps its locks under $XDG_STATE_HOME or ~/.local/state, and this "
+                "process has neither (no HOME, and its user has no home directory in the passwd database): set "
+                "XDG_STATE_HOME or HOME, or pass a URL such as file:///var/lib/app/locks (or set LOCKKIT_URL)"
+            ) from None
     return Path(base) / "lockkit" / "locks"
 
 

@@ -168,6 +168,26 @@ def test_a_locked_template_that_does_not_fit_the_call_is_invalid_lock_name(templ
             ship(3)
 
 
+def test_the_embedded_default_without_a_home_directory_is_a_config_error(tmp_path: Path) -> None:
+    """A container under an arbitrary uid: no HOME, no passwd entry. Path.home() raised a bare RuntimeError from
+    a bare lockkit.connect(). The missing passwd entry is made by hiding the pwd module in the child (the test
+    runs as root, whose entry exists): os.path.expanduser then finds no home, as it does for such a uid."""
+    script = (
+        "import sys; sys.modules['pwd'] = None\n"
+        "import lockkit\n"
+        "try:\n"
+        "    lockkit.connect()\n"
+        "except lockkit.ConfigError as exc:\n"
+        "    print('ConfigError:', exc)\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ConfigError:" in done.stdout and "set XDG_STATE_HOME or HOME, or pass a URL" in done.stdout, done
+
+
 # -- lockkit/metrics.py, lockkit/metrics_multiprocess.py ------------------------------------------------------
 
 
