@@ -18,7 +18,7 @@ from backends.servers import free_port
 from lockkit.cli import growth
 from lockkit.cli.contention import contention
 from lockkit.drivers.embedded import FileOptions
-from lockkit.drivers.zookeeper.client import CHECK, CREATE, Multi
+from lockkit.drivers.zookeeper.client import CHECK, CREATE, Multi, founded
 from lockkit.metrics import Totals
 from lockkit.testing import FakeClock
 
@@ -278,3 +278,15 @@ def test_an_unreadable_zookeeper_multi_reply_is_backend_unavailable() -> None:
     for reply in (unknown_type, unknown_code, cut_short):
         with pytest.raises(lockkit.BackendUnavailable, match=r"echo srvr \| nc HOST PORT"):
             Multi.deserialize(reply, 0)
+
+
+def test_a_zookeeper_multi_reply_with_other_results_than_sent_is_backend_unavailable() -> None:
+    """A well-formed reply whose results do not match the two creates sent (one result, or a check's True):
+    unpacking them raised a bare ValueError or TypeError from acquire()."""
+    from kazoo.protocol.states import ZnodeStat
+
+    stat = ZnodeStat(*([1] * 11))
+    assert founded([("/p", stat), ("/p/c-0000000001", None)]) == ("c-0000000001", 1)
+    for results in ([("/p", stat)], [True, True], [("/p", stat), ("/p/c", None), True]):
+        with pytest.raises(lockkit.BackendUnavailable, match=r"echo srvr \| nc HOST PORT"):
+            founded(results)

@@ -306,6 +306,8 @@ def founded(results: list[Any]) -> tuple[str, int]:
     if failures:
         real = [r for r in failures if not isinstance(r, (RolledBackError, RuntimeInconsistency))]
         raise (real or failures)[0]
+    if len(results) != 2 or not all(isinstance(r, tuple) and len(r) == 2 for r in results):
+        raise _unreadable(f"it holds {len(results)} result(s) of other shapes for the 2 creates sent")
     (_parent, parent_stat), (path, child_stat) = results
     stat = child_stat if child_stat is not None else parent_stat
     return str(path).rpartition("/")[2], int(stat.czxid)
