@@ -91,7 +91,16 @@ class Settings:
 
 def default_state_dir() -> Path:
     """Where the embedded ``file://`` default keeps its lock files (per user)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = os.environ.get("XDG_STATE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".local" / "state")
+        except RuntimeError:  # no HOME and no passwd entry: a container run under an arbitrary uid
+            raise ConfigError(
+                "the embedded default backend keeps its locks under $XDG_STATE_HOME or ~/.local/state, and this "
+                "process has neither (no HOME, and its user has no home directory in the passwd database): set "
+                "XDG_STATE_HOME or HOME, or pass a URL such as file:///var/lib/app/locks (or set LOCKKIT_URL)"
+            ) from None
     return Path(base) / "lockkit" / "locks"
 
 
@@ -250,7 +259,15 @@ def _sets_epoch(spec: BackendSpec) -> bool:
 
 
 def load_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Settings:
+    # Checked before open(), which answers these with a bare TypeError or ValueError ("embedded null byte").
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ConfigError(
+            f"a config must be the path of a lockkit.toml or a mapping of its settings, got {type(path).__name__}; "
+            "pass e.g. 'lockkit.toml' or {'backends': {'default': {'url': 'redis://localhost:6379/0'}}}"
+        )
     source = str(path)
+    if "\0" in os.fsdecode(path):
+        raise ConfigError(f"config file path {source!r} contains a NUL character; remove it")
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)

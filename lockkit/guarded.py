@@ -21,7 +21,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import ConfigError, LockError
+from .errors import ConfigError, InvalidLockName, LockError
 from .lease import Lease
 
 __all__ = ["NameTemplate", "current_lease", "enter_call", "leave_call"]
@@ -90,9 +90,15 @@ class NameTemplate:
         """The lock name for one call (defaults applied)."""
         if not self.fields:
             return self.template
-        bound = signature.bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)  # a call that does not fit: the TypeError calling fn would raise
         bound.apply_defaults()
-        return self.template.format(**{f: bound.arguments[f] for f in self.fields})
+        try:
+            return self.template.format(**{f: bound.arguments[f] for f in self.fields})
+        except (AttributeError, LookupError, TypeError, ValueError) as exc:  # {order.id} of None, {day:%Y} of a str
+            raise InvalidLockName(
+                f"lock name template {self.template!r} does not fit this call's arguments ({type(exc).__name__}: "
+                f"{exc}); pass arguments its fields can be read from, or change the template"
+            ) from exc
 
 
 def _root(field: str) -> str:

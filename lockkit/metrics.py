@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ConfigError
+
 __all__ = ["COUNTERS", "HISTOGRAMS", "BackendStats", "Histogram", "Totals", "families"]
 
 COUNTERS: dict[str, str] = {
@@ -187,6 +189,10 @@ class _Reservoir:
         }
 
 
+_WRITER = "; read it with the lockkit version that wrote it"
+"""The way out of :meth:`Totals.from_json`'s refusals: the figures' layout is one version's."""
+
+
 class Totals:
     """What Prometheus sees of one backend label: counts, histogram buckets (not cumulative) and sums.
 
@@ -242,22 +248,25 @@ class Totals:
 
     @classmethod
     def from_json(cls, data: Any) -> Totals:
-        """The inverse of :meth:`to_json`; ``ValueError`` if it is not one (names or bucket counts differ)."""
+        """The inverse of :meth:`to_json`; :class:`~lockkit.ConfigError` (a ``ValueError``) if it is not one (names
+        or bucket counts differ: written by another lockkit version)."""
         out = cls()
         try:
             counts, buckets, sums = data["counts"], data["buckets"], data["sums"]
             if set(counts) != set(out.counts) or set(buckets) != set(out.buckets) or set(sums) != set(out.sums):
-                raise ValueError(f"other metrics: {sorted(counts)}, {sorted(buckets)}")
+                raise ConfigError(f"other metrics: {sorted(counts)}, {sorted(buckets)}{_WRITER}")
             for name in out.counts:
                 out.counts[name] = int(counts[name])
             for name, hits in out.buckets.items():
                 if len(buckets[name]) != len(hits):
-                    raise ValueError(f"{name}: {len(buckets[name])} buckets, not {len(hits)}")
+                    raise ConfigError(f"{name}: {len(buckets[name])} buckets, not {len(hits)}{_WRITER}")
                 out.buckets[name] = [int(n) for n in buckets[name]]
             for name in out.sums:
                 out.sums[name] = float(sums[name])
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not lockkit totals: {exc!r}") from None
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:  # a missing table, a list for a dict, int("x")
+            raise ConfigError(f"not lockkit totals: {exc!r}{_WRITER}") from None
         return out
 
 

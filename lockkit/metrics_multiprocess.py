@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import BackendUnavailable, ConfigError, LockError
 from .metrics import HISTOGRAMS, Totals, _Exporter, families
 
 __all__ = ["FLUSH_INTERVAL", "MultiProcessCollector", "enable", "flush", "mark_process_dead"]
@@ -60,7 +60,12 @@ def _load(path: Path) -> tuple[dict[str, Totals], dict[str, Any]]:
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("bounds") != _bounds():
         raise ValueError("another format or other histogram bounds (a process running another lockkit version?)")
-    return {backend: Totals.from_json(t) for backend, t in data["backends"].items()}, data
+    backends, folded = data.get("backends"), data.get("folded", [])
+    # Checked here, where the callers catch ValueError: a bare KeyError or TypeError from a damaged file reached a
+    # scrape (collect) and mark_process_dead unhandled.
+    if not isinstance(backends, dict) or not isinstance(folded, list):
+        raise ValueError("not a lockkit metrics file: no 'backends' table, or a 'folded' that is not a list")
+    return {str(backend): Totals.from_json(t) for backend, t in backends.items()}, data
 
 
 def _write(path: Path, text: str) -> None:
@@ -71,7 +76,14 @@ def _write(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def _locked(directory: Path, how: int) -> Iterator[None]:
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise BackendUnavailable(
+            f"cannot open the metrics lock file {directory / LOCK}: {exc.strerror or exc}; every worker must be able "
+            "to create and write files in the metrics directory (check its owner and mode, and that the name is a "
+            "plain file)"
+        ) from exc
     try:
         fcntl.flock(fd, how)
         yield
@@ -177,7 +189,14 @@ def mark_process_dead(pid: int, path: str | os.PathLike[str] | None = None) -> N
         files = sorted(directory.glob(f"lockkit_{pid}_*.json"))
         if not files:
             return
-        dead, folded = _read_dead(directory)
+        try:
+            dead, folded = _read_dead(directory)
+        except (OSError, ValueError) as exc:
+            # Not dropped, as a scrape drops it: rewriting it would lose the dead workers' counts for good.
+            raise LockError(
+                f"cannot fold the metrics of process {pid}: {directory / DEAD} is unreadable ({exc}); move it "
+                "aside to start the dead workers' totals from zero (Prometheus reads the drop as a counter reset)"
+            ) from exc
         for file in files:
             try:
                 totals, _ = _load(file)
@@ -189,7 +208,13 @@ def mark_process_dead(pid: int, path: str | os.PathLike[str] | None = None) -> N
         # The folded names are written with the sum, then the files removed: a crash in between leaves files
         # that readers skip (they are in the sum already), and the next fold removes them.
         folded = {name for name in folded if (directory / name).exists()} | {file.name for file in files}
-        _write(directory / DEAD, _dump(dead, folded=sorted(folded)))
+        try:
+            _write(directory / DEAD, _dump(dead, folded=sorted(folded)))
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot write {directory / DEAD}: {exc.strerror or exc}; check free space and the metrics "
+                "directory's permissions, then call mark_process_dead again (the worker's files are kept)"
+            ) from exc
         for name in folded:
             (directory / name).unlink(missing_ok=True)
 
@@ -199,7 +224,7 @@ def _read_dead(directory: Path) -> tuple[dict[str, Totals], set[str]]:
         totals, data = _load(directory / DEAD)
     except FileNotFoundError:
         return {}, set()
-    return totals, set(data.get("folded", ()))
+    return totals, {str(name) for name in data.get("folded", [])}
 
 
 def _read_all(path: str | os.PathLike[str] | None = None) -> dict[str, Totals]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import sys
 import threading
@@ -30,7 +32,7 @@ from typing import Any
 
 import lockkit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LockError
 from .contention import ConfigContender, Contention
 from .contention import contention as run_contention
 
@@ -130,7 +132,7 @@ def run(
             if locks.guarantees()[backend].scope != "process":  # processes would not even share memory://
                 try:
                     contended = contention(config, backend, processes, seconds)
-                except RuntimeError as exc:  # one backend's broken run must not lose the others' results
+                except LockError as exc:  # one backend's broken run must not lose the others' results
                     failure = str(exc)
                     sys.stderr.write(f"lockkit bench: {failure}\n")
                 else:
@@ -184,6 +186,25 @@ def to_json(results: list[BenchResult]) -> str:
     return json.dumps([asdict(r) for r in results], indent=2)
 
 
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` path whose directory cannot take the picture, before a run of minutes, not after."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"cannot write --plot {path!r}: {directory} is not a writable directory; create it, or give another path"
+        )
+
+
+def save_figure(fig: Any, path: str, dpi: int) -> None:
+    """``fig.savefig``, with a file-system failure told as what to fix."""
+    try:
+        fig.savefig(path, dpi=dpi)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write --plot {path!r}: {exc.strerror or exc}; give a path in a writable directory"
+        ) from exc
+
+
 def plot(results: list[BenchResult], path: str) -> None:
     try:
         import matplotlib  # type: ignore[import-not-found,unused-ignore]
@@ -203,7 +224,7 @@ def plot(results: list[BenchResult], path: str) -> None:
     right.set_ylabel("handoffs / s")
     right.set_title("contention (processes on one name)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, 120)
 
 
 # --- lockkit bench --growth -----------------------------------------------------------------------------------
@@ -229,6 +250,24 @@ def positive_int(text: str) -> int:
     return values[0]
 
 
+def seconds_arg(text: str, *, zero: bool = True) -> float:
+    """A finite number of seconds, ≥ 0 (an argparse type): NaN or a negative length failed deep in a run."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds such as 1.5, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds {'at least' if zero else 'above'} 0, got {text!r}"
+        )
+    return value
+
+
+def positive_seconds_arg(text: str) -> float:
+    """A finite number of seconds, > 0 (an argparse type): a run of no time has no rate."""
+    return seconds_arg(text, zero=False)
+
+
 def add_growth_arguments(parser: argparse.ArgumentParser) -> None:
     from .growth import PROCESSES, SIZES
 
@@ -244,11 +283,15 @@ def add_growth_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--growth-runs", type=positive_int, default=3, help="runs per contention point, median (3)")
     group.add_argument(
-        "--growth-hold", type=float, default=4.0, metavar="SECONDS", help="how long each renewal point is held (4)"
+        "--growth-hold",
+        type=seconds_arg,
+        default=4.0,
+        metavar="SECONDS",
+        help="how long each renewal point is held (4)",
     )
     group.add_argument(
         "--growth-max-acquire",
-        type=float,
+        type=seconds_arg,
         metavar="SECONDS",
         default=30.0,
         help="skip a lock count whose acquisition would take longer than this (30)",

@@ -344,6 +344,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             "backends": {n: {"url": s.url, **s.options} for n, s in settings.backends.items() if not s.migrate},
             "default": next(n for n, s in settings.backends.items() if not s.migrate),
         }
+    if args.plot:
+        bench.check_plot_path(args.plot)
     if args.growth:
         return bench.growth_command(config, args)
     results = bench.run(
@@ -459,14 +461,16 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(func=_cmd_verify)
 
+    from .bench import positive_seconds_arg
+
     bench = sub.add_parser("bench", help="measure latency, contention and renewal cost per backend")
     bench.add_argument("--url", help="benchmark this URL (default: every configured backend)")
     bench.add_argument("--config", help="a lockkit.toml to use")
     bench.add_argument("--rounds", type=_positive_int, default=500, help="uncontended acquire+release pairs")
     bench.add_argument("--processes", type=_positive_int, default=4, help="contending processes (default 4)")
-    bench.add_argument("--seconds", type=float, default=5.0, help="contention run length (default 5)")
+    bench.add_argument("--seconds", type=positive_seconds_arg, default=5.0, help="contention run length (default 5)")
     bench.add_argument("--renew-locks", type=_positive_int, default=1000, help="locks held for the renewal run")
-    bench.add_argument("--renew-seconds", type=float, default=5.0, help="renewal run length (default 5)")
+    bench.add_argument("--renew-seconds", type=positive_seconds_arg, default=5.0, help="renewal run length (default 5)")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.add_argument("--plot", metavar="FILE.png", help="draw latency and handoffs (needs lockkit[plot])")
     from .bench import add_growth_arguments

@@ -39,6 +39,9 @@ from typing import Any, Protocol
 
 import lockkit
 
+from ..errors import LockError
+from ..urls import redact
+
 __all__ = [
     "ACQUIRE_TIMEOUT", "ConfigContender", "Contender", "Contention", "LockkitContender", "Opener", "Record",
     "contention", "pct",
@@ -225,6 +228,13 @@ class Contention:
         )
 
 
+def _shown(target: Any, label: str | None) -> str:
+    """How an error names the target: never a password (a URL's is masked; a config is not shown at all)."""
+    if label is not None:
+        return label
+    return redact(target) if isinstance(target, str) else type(target).__name__
+
+
 def contention(
     target: Any,
     seconds: float = 5.0,
@@ -240,7 +250,8 @@ def contention(
     """Run ``procs`` spawned processes contending on one name of ``target`` (a lockkit URL by default; give
     ``label`` for any other target). ``sleep_hold``: hold by sleeping, not spinning — for semaphores, whose
     holders overlap: the work a permit guards is usually I/O (a call to a rate-limited API), and spinning
-    holders would measure the cores, not the backend."""
+    holders would measure the cores, not the backend. A process that fails or hangs fails the run: ``LockError``
+    with each process's reason."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     barrier = ctx.Barrier(procs)
@@ -273,7 +284,10 @@ def contention(
                 worker.kill()
                 worker.join()
     if errors:
-        raise RuntimeError(f"contention on {label or target} failed: " + "; ".join(errors))
+        raise LockError(
+            f"contention on {_shown(target, label)} failed: " + "; ".join(errors) + ". Check that every process can "
+            "reach the backend (lockkit check --url URL) and hold the lock, then run again"
+        )
     if label is None:
         label = f"lockkit {str(target).split(':', 1)[0]}://"
     pids = [w.pid for w in workers if w.pid is not None]

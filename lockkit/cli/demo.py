@@ -20,6 +20,8 @@ from pathlib import Path
 
 import lockkit
 
+from ..urls import redact
+
 THINK_SECONDS = 0.0005  # the pause between read and write that lets unlocked workers race
 
 
@@ -37,7 +39,21 @@ def _sell(record: Path, fencing_token: int | None) -> bool:
     return True
 
 
-def _worker(url: str | None, record: str, deductions: int, use_lock: bool, name: str) -> None:
+WORKER_FAILED = 3
+"""The exit code of a worker that met a lockkit error (its message is in the run's error file)."""
+
+
+def _worker(url: str | None, record: str, deductions: int, use_lock: bool, name: str, errors: str) -> None:
+    try:
+        _sell_all(url, record, deductions, use_lock, name)
+    except lockkit.LockError as exc:
+        # One line for the parent's error instead of a traceback per worker.
+        with open(errors, "a", encoding="utf-8") as handle:
+            handle.write(f"{type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
+        raise SystemExit(WORKER_FAILED) from None
+
+
+def _sell_all(url: str | None, record: str, deductions: int, use_lock: bool, name: str) -> None:
     path = Path(record)
     if not use_lock:
         for _ in range(deductions):
@@ -66,12 +82,12 @@ class Outcome:
 def run_mode(url: str | None, workers: int, deductions: int, use_lock: bool) -> Outcome:
     per_worker, extra = divmod(deductions, workers)
     with tempfile.TemporaryDirectory(prefix="lockkit-demo-") as tmp:
-        record = Path(tmp) / "inventory.json"
+        record, errors = Path(tmp) / "inventory.json", Path(tmp) / "errors"
         record.write_text(json.dumps({"stock": deductions, "fence": 0}))
         name = f"demo:inventory:{os.getpid()}:{time.monotonic_ns()}"
         ctx = multiprocessing.get_context("spawn")
         procs = [
-            ctx.Process(target=_worker, args=(url, str(record), per_worker + (i < extra), use_lock, name))
+            ctx.Process(target=_worker, args=(url, str(record), per_worker + (i < extra), use_lock, name, str(errors)))
             for i in range(workers)
         ]
         started = time.monotonic()
@@ -82,7 +98,12 @@ def run_mode(url: str | None, workers: int, deductions: int, use_lock: bool) -> 
         seconds = time.monotonic() - started
         failed = [p.exitcode for p in procs if p.exitcode != 0]
         if failed:
-            raise lockkit.LockError(f"{len(failed)} demo worker(s) failed (exit codes {failed}); see above")
+            reasons = sorted(set(errors.read_text(encoding="utf-8").splitlines())) if errors.exists() else []
+            raise lockkit.LockError(
+                f"{len(failed)} demo worker(s) failed (exit codes {failed}): "
+                + ("; ".join(reasons) or "see above")
+                + "; check the backend (lockkit check --url URL), then run the demo again"
+            )
         final = json.loads(record.read_text())["stock"]
     return Outcome("lockkit lock" if use_lock else "no lock", final, 0, seconds, deductions if use_lock else 0)
 
@@ -97,7 +118,16 @@ def format_table(outcomes: list[Outcome]) -> str:
 
 
 def main(url: str | None, workers: int, deductions: int) -> int:
-    shown = url or "the embedded default (file:// in your state directory)"
+    with lockkit.connect(url) as locks:
+        backend = locks.backend_for("demo:inventory")
+        scope, backend_shown = backend.guarantees.scope, backend.shown_url
+    if scope == "process":
+        # Its workers are processes: the locked run lost updates too, and the demo called that a bug of lockkit.
+        raise lockkit.ConfigError(
+            f"{backend_shown} locks only the threads of one process, and the demo's workers are separate "
+            "processes; run it on a backend that processes share (leave --url out for file://, or a server)"
+        )
+    shown = redact(url) if url else "the embedded default (file:// in your state directory)"
     print(f"lockkit demo: {workers} processes sell {deductions} items from one inventory record on {shown}\n")
     outcomes = [run_mode(url, workers, deductions, False), run_mode(url, workers, deductions, True)]
     print(format_table(outcomes))

@@ -36,7 +36,7 @@ from typing import Any
 
 import lockkit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LockError
 from .contention import ConfigContender
 from .contention import contention as run_contention
 
@@ -203,7 +203,12 @@ def point_in_child(config: dict[str, Any], backend: str, n: int, *, hold: float)
         [sys.executable, "-m", "lockkit.cli.growth", args], capture_output=True, text=True, timeout=600, check=False
     )
     if done.returncode:
-        raise RuntimeError(f"the {n}-lock renewal point on {backend} failed: {done.stderr.strip()[-1000:]}")
+        # The child's last lines: lockkit's own error (with its advice) or the tail of a traceback.
+        raise LockError(
+            f"the {n}-lock renewal point on {backend} failed (its process exited {done.returncode}): "
+            f"{done.stderr.strip()[-1000:]}\nCheck the backend (lockkit check), or measure fewer locks "
+            "(--growth-locks), then run again"
+        )
     return RenewalPoint(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -321,6 +326,8 @@ def plot_growth(
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'lockkit[plot]'") from None
+    from .bench import save_figure
+
     contention_path, renewal_path = plot_paths(path)
     colour = {r.backend: f"C{i}" for i, r in enumerate(results)}  # one colour per backend in both pictures
     fig, (rate, wait) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -349,7 +356,7 @@ def plot_growth(
     wait.set_yscale("log")
     rate.legend()
     fig.tight_layout()
-    fig.savefig(contention_path, dpi=110)
+    save_figure(fig, contention_path, 110)
     plt.close(fig)
     fig, (cpu, mem) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in results:
@@ -375,7 +382,7 @@ def plot_growth(
     cpu.set_yscale("log")
     cpu.legend()
     fig.tight_layout()
-    fig.savefig(renewal_path, dpi=110)
+    save_figure(fig, renewal_path, 110)
     plt.close(fig)
     return contention_path, renewal_path
 

@@ -49,8 +49,32 @@ import lockkit
 from ..urls import redact
 from .fencing_store import FencedStore, summarise
 
+WORKER_FAILED = 3
+"""The exit code of a worker that met a lockkit error (its message is in the run's error file)."""
+
 
 def _worker(
+    url: str | None,
+    name: str,
+    store_path: str,
+    log_path: str,
+    until: float,
+    ttl: float,
+    fenced: bool,
+    store_class: type[FencedStore],
+    errors_path: str,
+) -> None:
+    try:
+        _work(url, name, store_path, log_path, until, ttl, fenced, store_class)
+    except lockkit.LockError as exc:
+        # One line for the report instead of a traceback per worker; the run then fails (it was "RESULT: ok"
+        # with nothing tested when no worker could reach the backend).
+        with open(errors_path, "a", encoding="utf-8") as handle:
+            handle.write(f"{type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
+        raise SystemExit(WORKER_FAILED) from None
+
+
+def _work(
     url: str | None,
     name: str,
     store_path: str,
@@ -124,10 +148,29 @@ class VerifyReport:
     """Holders whose lease had already expired when they entered (paused right after the grant): not overlaps."""
     first_overlap: list[list[float | int | str]] | None = None
     """The first two overlapping entries (entered, left, pid, fencing token, write outcome), for diagnosis."""
+    failed_workers: int = 0
+    """Workers that exited with an error (not the ones the controller killed): the run did not test them."""
+    worker_errors: list[str] = field(default_factory=list)
+    """The distinct lockkit errors the failed workers met (``BackendUnavailable: could not connect…``)."""
+
+    @property
+    def violations(self) -> bool:
+        return bool(self.overlaps or self.lost_updates or self.fencing_backwards or self.shared_fencing_tokens)
 
     @property
     def ok(self) -> bool:
-        return not (self.overlaps or self.lost_updates or self.fencing_backwards or self.shared_fencing_tokens)
+        """No violation and no failed worker."""
+        return not self.violations and not self.failed_workers
+
+    def verdict(self) -> str:
+        if self.violations:
+            return "VIOLATIONS FOUND"
+        if self.failed_workers:
+            return (
+                f"FAILED: {self.failed_workers} worker(s) failed, so the run proves nothing; fix the error above "
+                "(lockkit check --url URL reaches the backend) and run again"
+            )
+        return "ok"
 
     def as_json(self) -> str:
         return json.dumps({**asdict(self), "ok": self.ok})
@@ -145,12 +188,14 @@ class VerifyReport:
             ("stale reads/writes rejected by fencing", self.stale_writes_rejected),
             ("fencing tokens backwards / shared", fencing),
             ("holders killed / paused", f"{self.kills} / {self.pauses}"),
+            ("workers failed", self.failed_workers),
             ("handoff latency p50 / p99", f"{_ms(self.handoff_ms_p50)} / {_ms(self.handoff_ms_p99)}"),
             ("takeover after kill (median)", _ms(statistics.median(self.takeover_ms) if self.takeover_ms else None)),
         ]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
-        lines.append("RESULT: " + ("ok" if self.ok else "VIOLATIONS FOUND"))
+        lines += [f"{'worker error':<{width}}  {error}" for error in self.worker_errors]
+        lines.append("RESULT: " + self.verdict())
         return "\n".join(lines)
 
 
@@ -280,14 +325,15 @@ def run(
     fenced = guarantees.fencing != "none"
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="lockkit-verify-") as tmp:
-        store_path, log_path = Path(tmp) / "store.db", Path(tmp) / "log"
+        store_path, log_path, errors_path = Path(tmp) / "store.db", Path(tmp) / "log", Path(tmp) / "errors"
         log_path.write_text("")
         store = FencedStore(store_path)
         until = time.monotonic() + duration
 
         def spawn() -> Any:
             proc = ctx.Process(
-                target=_worker, args=(url, name, str(store_path), str(log_path), until, ttl, fenced, store_class)
+                target=_worker,
+                args=(url, name, str(store_path), str(log_path), until, ttl, fenced, store_class, str(errors_path)),
             )
             proc.start()
             return proc
@@ -321,6 +367,10 @@ def run(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+            elif proc.exitcode:  # the killed ones were replaced: an exit code here is the worker's own failure
+                report.failed_workers += 1
+        if errors_path.exists():
+            report.worker_errors = list(dict.fromkeys(errors_path.read_text(encoding="utf-8").splitlines()))
         _analyse(report, log_path, store, kill_times)
         store.close()
     return report

@@ -21,13 +21,18 @@ from __future__ import annotations
 import math
 import threading
 
+from ..errors import ConfigError
+
 __all__ = ["FakeClock"]
 
 
 def _seconds(value: float, what: str) -> float:
-    result = float(value)
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        result = math.nan  # told below, in the same words as NaN
     if not math.isfinite(result):
-        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
+        raise ConfigError(f"{what} must be a finite number of seconds, got {value!r}; pass a float such as 1.5")
     return result
 
 
@@ -63,7 +68,7 @@ class FakeClock:
         """Move the time forward by ``seconds`` (≥ 0) and return the new time."""
         step = _seconds(seconds, "advance()")
         if step < 0:
-            raise ValueError(f"a monotonic clock does not go back: advance({seconds!r})")
+            raise ConfigError(f"a monotonic clock does not go back: advance({seconds!r}); pass a step of 0 or more")
         with self._mutex:
             self._now += step
             return self._now
@@ -73,7 +78,10 @@ class FakeClock:
         target = _seconds(now, "set()")
         with self._mutex:
             if target < self._now:
-                raise ValueError(f"a monotonic clock does not go back: set({now!r}) at {self._now!r}")
+                raise ConfigError(
+                    f"a monotonic clock does not go back: set({now!r}) at {self._now!r}; set an instant at or "
+                    "after now (the clock's now), or advance() by a step"
+                )
             self._now = target
             return self._now
 

@@ -89,7 +89,10 @@ class FileOptions:
 
     def __post_init__(self) -> None:
         if self.wakeup not in file_wakeup.MODES:
-            raise ValueError(f"wakeup must be one of {', '.join(file_wakeup.MODES)}, not {self.wakeup!r}")
+            raise ConfigError(
+                f"wakeup must be one of {', '.join(file_wakeup.MODES)}, not {self.wakeup!r}; "
+                "leave it out for auto, the right one for this platform"
+            )
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ class FileDriver:
         raw = url.path if host in ("", "localhost") else host + url.path
         if not raw or raw == "/":
             raise ConfigError(f"file:// needs a directory path, e.g. file:///tmp/locks; got {url}")
+        if "\0" in raw:  # from %00: the file system takes no NUL, and pathlib refused it with a bare ValueError
+            raise ConfigError(f"the file:// directory path of {str(url)!r} contains a NUL character (%00); remove it")
         options = parse_options(FileOptions, url.options, url)
         file_wakeup.resolve_mode(options.wakeup)  # Windows, or wakeup=abstract off Linux: say so before any file
         directory = Path(raw)

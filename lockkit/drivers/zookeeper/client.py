@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import struct
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ from kazoo.protocol.serialization import (
 )
 from kazoo.protocol.states import Callback
 
-from ...errors import ConfigError
+from ...errors import BackendUnavailable, ConfigError
 from .nodes import Transient, ZooKeeperOptions
 from .poll import use_poll
 
@@ -235,6 +236,15 @@ class Multi:
 
     @classmethod
     def deserialize(cls, data: bytes, offset: int) -> list[Any]:
+        # kazoo hands what this raises to the caller's result unchanged: it must be a lockkit error, or a
+        # malformed reply reached acquire() as a bare ValueError, RuntimeError or struct.error.
+        try:
+            return cls._read(data, offset)
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise _unreadable(f"it ends early or is garbled ({exc})") from exc
+
+    @classmethod
+    def _read(cls, data: bytes, offset: int) -> list[Any]:
         results: list[Any] = []
         header, offset = MultiHeader.deserialize(data, offset)
         while not header.done:
@@ -253,11 +263,21 @@ class Multi:
             elif header.type == MULTI_ERROR:
                 code = int_struct.unpack_from(data, offset)[0]
                 offset += int_struct.size
+                if code not in EXCEPTIONS:  # kazoo's table answers an unknown code with a bare RuntimeError
+                    raise _unreadable(f"it holds error code {code}, which no ZooKeeper version defines")
                 results.append(EXCEPTIONS[code]())
             else:  # lockkit sends creates, deletes, sets and checks only: the framing is not what we think
-                raise ValueError(f"unexpected result type {header.type} in a ZooKeeper multi reply")
+                raise _unreadable(f"it holds a result of type {header.type}, which lockkit never asks for")
             header, offset = MultiHeader.deserialize(data, offset)
         return results
+
+
+def _unreadable(why: str) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"ZooKeeper's reply to a multi request could not be read: {why}. Something between lockkit and the "
+        "ensemble may rewrite the traffic, or the server speaks another protocol: check the server's version "
+        "(echo srvr | nc HOST PORT) and any proxy in the path, then retry"
+    )
 
 
 def found_async(kz: KazooClient, parent: str, stem: str, data: bytes, acl: Any) -> Any:
@@ -286,6 +306,8 @@ def founded(results: list[Any]) -> tuple[str, int]:
     if failures:
         real = [r for r in failures if not isinstance(r, (RolledBackError, RuntimeInconsistency))]
         raise (real or failures)[0]
+    if len(results) != 2 or not all(isinstance(r, tuple) and len(r) == 2 for r in results):
+        raise _unreadable(f"it holds {len(results)} result(s) of other shapes for the 2 creates sent")
     (_parent, parent_stat), (path, child_stat) = results
     stat = child_stat if child_stat is not None else parent_stat
     return str(path).rpartition("/")[2], int(stat.czxid)
