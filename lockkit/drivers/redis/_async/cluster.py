@@ -238,7 +238,8 @@ class AsyncClusterDriver(AsyncRedisDriver):
                 except BackendUnavailable as down:
                     last = down
 
-    async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+    async def _run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
+        # ``by`` is not used: a routed call follows MOVED and a slot map refresh, each with the nodes' own timeout
         replies, epoch, _ = await self._routed(calls)
         seen = _ATTEMPT_EPOCH.get()
         if seen is not None and calls and calls[0].script is FAIR_ACQUIRE:

@@ -125,6 +125,10 @@ class AsyncBackground:
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
+    def clean_up_later(self, step: Callable[P, Coroutine[Any, Any, None]], *args: P.args, **kwargs: P.kwargs) -> None:
+        """:meth:`clean_up` (on this face every clean-up runs in a task of its own; the blocking twin differs)."""
+        self.clean_up(step, *args, **kwargs)
+
     def listen(self, hub: Hub, channel: bytes, wake: Callable[[bytes], None]) -> None:
         """Keep ``wake`` registered on ``hub``'s ``channel`` until the hub closes (Sentinel: ``+switch-master``);
         the subscription is confirmed in a task of its own, which :meth:`close` waits for."""

@@ -225,8 +225,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
             f"last error: {last}. A failover may still be under way: retry, or raise failover_wait"
         )
 
-    async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
-        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`)."""
+    async def _run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
+        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`); nor ``by``: an
+        acquire bounds its calls by its own deadline already (``_CALLER_GIVES_UP``, with ``failover_wait``)."""
         replies, _, _ = await self._run_on(calls)
         return replies
 

@@ -9,6 +9,7 @@ faces do their own way (connections, watchers, clean-ups) comes from this face's
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -46,7 +47,11 @@ from .drive import adrive
 from .node import AsyncNode
 from .primitives import AsyncBackground
 
-__all__ = ["GUARANTEES", "AsyncRedisDriver"]
+__all__ = ["ATTEMPT_WAIT", "GUARANTEES", "AsyncRedisDriver"]
+
+ATTEMPT_WAIT = 1.0
+"""The least an acquire attempt waits for its reply however close its deadline (docs/semantics.md: an
+unresponsive server is reported by about the acquire's timeout, at least 1 s)."""
 
 GUARANTEES = Guarantees(
     scope="single-node",
@@ -87,9 +92,9 @@ class AsyncRedisDriver:
     def _keys(self, name: str) -> LockKeys:
         return lock_keys(self.options.prefix, name)
 
-    async def _run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+    async def _run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
         try:
-            return await self._node.run(calls, idempotent)
+            return await self._node.run(calls, idempotent, by)
         except RedisError as exc:
             raise translate(self.spec, exc) from exc
 
@@ -130,8 +135,14 @@ class AsyncRedisDriver:
         async def perform(op: Op) -> Any:
             nonlocal watcher
             if isinstance(op, Send):
+                # An attempt's reply is awaited until the acquire's deadline (at least ATTEMPT_WAIT), if that is
+                # sooner than the node's timeout: acquire(timeout=T) reports an unresponsive server by about T.
+                # Not a leave (idempotent): it runs after the deadline, and must still remove the waiter.
+                by = None
+                if deadline is not None and not op.idempotent:
+                    by = time.monotonic() + max(deadline - self.clock(), ATTEMPT_WAIT)
                 try:
-                    return await self._run(op.calls, op.idempotent)
+                    return await self._run(op.calls, op.idempotent, by)
                 except BackendUnavailable:
                     if op.quiet:
                         return None
@@ -146,11 +157,15 @@ class AsyncRedisDriver:
         try:
             listening = before[1] is not None  # this client's channel is subscribed: queue at the first attempt
             return await adrive(self._flow(name, token, ttl, deadline, wid, listening), perform)
-        except BaseException:
+        except BaseException as exc:
             # An attempt may have taken the lock (a reply lost to a timeout), the waiter may be queued, or a release
             # may have granted it the lock: leave and pass it on now, or a later release would grant the lock to
             # this abandoned token and it would stay taken for a whole TTL. Best effort: the error is what counts.
-            self._background.clean_up(self._leave, name, token, wid)
+            # After an error (an unresponsive server, most often) the blocking face does it in the background, so
+            # that the caller hears of the error by its deadline, not one more timeout later; after an interrupt
+            # (Ctrl-C) in the caller's thread, before the process may exit.
+            clean_up = self._background.clean_up_later if isinstance(exc, Exception) else self._background.clean_up
+            clean_up(self._leave, name, token, wid)
             raise
         finally:
             if watcher is not None:

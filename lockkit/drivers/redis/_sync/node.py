@@ -147,12 +147,16 @@ class SyncNode:
         self.pool.release(conn)
         return replies
 
-    def run(self, calls: Sequence[Call], idempotent: bool) -> list[Any]:
+    def run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
+        """Run ``calls``; idempotent ones once more on a fresh connection after a connection error. ``by``: a
+        monotonic instant the replies must come by if that is sooner than the node's own ``timeout`` (an acquire
+        attempt's deadline: an unresponsive server is reported by about then, docs/semantics.md)."""
         if idempotent:
             replies, _ = self.run_again_on_error(calls)
             return replies
         conn, hello = self._send(calls)
-        return self._receive(conn, calls, hello, time.monotonic() + self.spec.options.timeout)
+        deadline = time.monotonic() + self.spec.options.timeout
+        return self._receive(conn, calls, hello, deadline if by is None or by > deadline else by)
 
     def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
         """Run idempotent calls, once more on a fresh connection after a connection error; and whether they

@@ -9,11 +9,13 @@ is its asyncio twin, with the same names).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from ....driver import Cancel
+from ....workers import Workers
 from ..hub import Hub, LoopThread, Snapshot
 from ..pool import ConnectionPool
 from ..watch import SyncWatcher
@@ -22,6 +24,10 @@ __all__ = ["Background", "ConnectionPool", "pause"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+_cleanups = Workers(2, "lockkit-redis-cleanup")
+"""The workers of :meth:`Background.clean_up_later`, shared by every blocking Redis driver of the process."""
 
 
 def pause(seconds: float) -> None:
@@ -35,6 +41,8 @@ class Background:
 
     def __init__(self, name: str) -> None:
         self._loop = LoopThread(name)
+        self._done = threading.Condition()
+        self._later = 0  # clean-ups handed to a worker and not finished: close() waits for them
 
     def watcher(
         self,
@@ -51,6 +59,21 @@ class Background:
         its clean-up (the asyncio twin runs it in a task)."""
         step(*args, **kwargs)
 
+    def clean_up_later(self, step: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Run ``step(*args, **kwargs)`` on a worker thread: the clean-up after an error (most often an unresponsive
+        server, which the clean-up would wait out too), so that the caller hears of the error at once."""
+        def run() -> None:
+            try:
+                step(*args, **kwargs)
+            finally:
+                with self._done:
+                    self._later -= 1
+                    self._done.notify_all()
+
+        with self._done:
+            self._later += 1
+        _cleanups.submit(run)
+
     def listen(self, hub: Hub, channel: bytes, wake: Callable[[bytes], None]) -> None:
         """Keep ``wake`` registered on ``hub``'s ``channel`` until the hub closes (Sentinel: ``+switch-master``);
         it runs on the hubs' loop thread (started if need be), and so does ``wake``."""
@@ -64,8 +87,12 @@ class Background:
         so ``watcher`` and ``undo`` are not needed here."""
         return attempt()
 
-    def close(self, hubs: Sequence[Hub]) -> None:
-        """Close the hubs on their loop thread, then stop it."""
+    def close(self, hubs: Sequence[Hub], wait: float = 5.0) -> None:
+        """Wait (up to ``wait`` seconds) for the clean-ups still running, as the asyncio twin does — one that
+        outlived its driver's close would open a connection nobody closes — then close the hubs on their loop
+        thread, and stop it."""
+        with self._done:
+            self._done.wait_for(lambda: self._later == 0, wait)
         if self._loop.started:
             for hub in hubs:
                 self._loop.run(hub.close())
