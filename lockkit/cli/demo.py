@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ from pathlib import Path
 
 import lockkit
 
+from ..config import default_state_dir
+from .preflight import check_shared_backend
+
+DEMO_TTL = 10.0
 THINK_SECONDS = 0.0005  # the pause between read and write that lets unlocked workers race
 
 
@@ -37,14 +42,21 @@ def _sell(record: Path, fencing_token: int | None) -> bool:
     return True
 
 
-def _worker(url: str | None, record: str, deductions: int, use_lock: bool, name: str) -> None:
-    path = Path(record)
+def _worker(url: str, record: str, deductions: int, use_lock: bool, name: str) -> None:
+    try:
+        _deduct(url, Path(record), deductions, use_lock, name)
+    except lockkit.LockError as exc:  # one line, not a traceback per worker
+        print(f"lockkit demo: a worker failed: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _deduct(url: str, path: Path, deductions: int, use_lock: bool, name: str) -> None:
     if not use_lock:
         for _ in range(deductions):
             _sell(path, None)
         return
     with lockkit.connect(url) as locks:
-        lock = locks.lock(name, ttl=10)
+        lock = locks.lock(name, ttl=DEMO_TTL)
         for _ in range(deductions):
             with lock as lease:
                 _sell(path, lease.fence)
@@ -63,12 +75,11 @@ class Outcome:
         return self.final - self.expected
 
 
-def run_mode(url: str | None, workers: int, deductions: int, use_lock: bool) -> Outcome:
+def run_mode(url: str, workers: int, deductions: int, use_lock: bool, name: str) -> Outcome:
     per_worker, extra = divmod(deductions, workers)
     with tempfile.TemporaryDirectory(prefix="lockkit-demo-") as tmp:
         record = Path(tmp) / "inventory.json"
         record.write_text(json.dumps({"stock": deductions, "fence": 0}))
-        name = f"demo:inventory:{os.getpid()}:{time.monotonic_ns()}"
         ctx = multiprocessing.get_context("spawn")
         procs = [
             ctx.Process(target=_worker, args=(url, str(record), per_worker + (i < extra), use_lock, name))
@@ -97,9 +108,17 @@ def format_table(outcomes: list[Outcome]) -> str:
 
 
 def main(url: str | None, workers: int, deductions: int) -> int:
-    shown = url or "the embedded default (file:// in your state directory)"
-    print(f"lockkit demo: {workers} processes sell {deductions} items from one inventory record on {shown}\n")
-    outcomes = [run_mode(url, workers, deductions, False), run_mode(url, workers, deductions, True)]
+    """Run both modes; without ``url``, on the embedded ``file://`` backend whatever the environment says.
+
+    docs/cli.md promises the embedded backend: following ``LOCKKIT_URL`` or a ``./lockkit.toml`` instead made
+    the demo "find" lost updates on memory:// (which locks one process's threads) or crash on a route mistake.
+    """
+    target = url if url is not None else default_state_dir().as_uri()
+    name = f"demo:inventory:{os.getpid()}:{time.monotonic_ns()}"
+    _, shown = check_shared_backend(target, name, DEMO_TTL, "demo")  # before any output: a mistake is one line
+    where = shown if url is not None else f"the embedded default ({shown})"
+    print(f"lockkit demo: {workers} processes sell {deductions} items from one inventory record on {where}\n")
+    outcomes = [run_mode(target, workers, deductions, False, name), run_mode(target, workers, deductions, True, name)]
     print(format_table(outcomes))
     unlocked, locked = outcomes
     print()
