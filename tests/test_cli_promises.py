@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +213,16 @@ def test_status_on_redis_still_shows_a_lockkit_holders_hint(redis_server: RedisS
     with lockkit.connect(redis_server.url) as locks, locks.lock(name, ttl=30) as lease:
         done = _lockkit("status", name, "--url", redis_server.url)
         assert f"holder token {token_hint(lease.token)}…" in done.stdout, done.stdout
+
+
+def test_a_hint_says_whether_the_token_is_of_lockkits_form() -> None:
+    from lockkit.lease import is_lockkit_hint, token_hint
+    from lockkit.lock import new_token
+
+    token = new_token()
+    assert token_hint(token) == hashlib.sha256(token.encode()).hexdigest()[:8]  # unchanged for lockkit's own
+    assert is_lockkit_hint(token_hint(token))
+    for other in ("some-other-client", token.upper(), token[:-1], token + "0", "", str(uuid.uuid4())):
+        hint = token_hint(other)
+        assert not is_lockkit_hint(hint) and hint.endswith(hashlib.sha256(other.encode()).hexdigest()[:8]), other
+    assert not is_lockkit_hint(None)  # an empty value (etcdctl lock) gives no hint at all

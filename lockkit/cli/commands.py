@@ -474,8 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="N processes contend on one name and write through a fencing-checked "
         "store; optionally holders are SIGKILLed or SIGSTOPped at random. Every figure is recomputed "
         "from the holders' log and the store's history of attempts. Exits 1 on any overlap, lost "
-        "update, fencing token backwards or shared; 2 for memory:// (one process only) or --faults "
-        "with --duration <= 2 x --ttl (no fault could be injected).",
+        "update, fencing token backwards or shared, and on a run that could not test (a worker died, "
+        "nothing was acquired) or a backend that cannot be reached; 2 for a bad URL or --ttl, memory:// "
+        "(one process only) or --faults with --duration <= 2 x --ttl (no fault could be injected).",
     )
     verify.add_argument("--url", action=_Once, help="backend to verify (default: the configured default backend)")
     verify.add_argument("--processes", type=_positive_int, default=4, help="worker processes (default 4)")
