@@ -90,7 +90,10 @@ def test_verify_fails_when_its_workers_die_mid_run(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(2.5)  # past the controller's own check of the backend, while the workers run
+        assert proc.stderr is not None
+        header = proc.stderr.readline()  # printed once the controller's own check of the backend has passed
+        assert header.startswith("lockkit verify: 2 processes"), header
+        time.sleep(1.5)  # the workers spawn and contend (if still starting, they fail to connect: the same)
         server.kill()
         out, err = proc.communicate(timeout=120)
     finally:
