@@ -124,7 +124,8 @@ class HolderInfo:
 
     held: bool
     token_hint: str | None = None
-    """A short hash prefix of the holder's token, never the token itself."""
+    """A short hash prefix of the holder's token, never the token itself (:func:`lockkit.lease.token_hint`: it
+    begins ``other:`` for a value that is not a lockkit token; ``None`` when there is none to hash)."""
     fencing_token: int | None = None
     ttl_left: float | None = None
     waiters: int | None = None

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from .errors import ConfigError, LockLost
 from .timing import DRIFT_FACTOR, DRIFT_FLOOR, Clock, lease_deadline
 
-__all__ = ["Lease", "LeaseState", "process_id", "token_hint"]
+__all__ = ["FOREIGN_HINT", "Lease", "LeaseState", "is_lockkit_hint", "process_id", "token_hint"]
 
 log = logging.getLogger("lockkit")
 
@@ -59,9 +59,30 @@ def process_id() -> int:
     return _pid
 
 
+FOREIGN_HINT = "other:"
+"""Begins the hint of a token lockkit could not have made: the holder is another client (``lockkit status``)."""
+
+_HEX = "0123456789abcdef"
+
+
 def token_hint(token: str) -> str:
-    """A short, non-reversible tag for a token (tokens are capabilities: never log them)."""
-    return hashlib.sha256(token.encode()).hexdigest()[:8]
+    """A short, non-reversible tag for a token (tokens are capabilities: never log them).
+
+    Eight hex digits of its hash; marked with :data:`FOREIGN_HINT` when the token is not of lockkit's form (32
+    lower-case hex characters, ``new_token``): a value another client wrote where a holder's token goes, so
+    that ``status`` can say the holder is not a lockkit client rather than show it as a lockkit lease.
+    """
+    digest = hashlib.sha256(token.encode()).hexdigest()[:8]
+    return digest if len(token) == 32 and not token.strip(_HEX) else FOREIGN_HINT + digest
+
+
+def is_lockkit_hint(hint: str | None) -> bool:
+    """Whether a :attr:`HolderInfo.token_hint <lockkit.driver.HolderInfo.token_hint>` is a lockkit lease's.
+
+    No hint (an empty value, as etcdctl's) and a :data:`FOREIGN_HINT` are another client's. Where a backend
+    keeps only a hash of the holder's data (ZooKeeper's nodes), another client's holder cannot be told apart.
+    """
+    return hint is not None and not hint.startswith(FOREIGN_HINT)
 
 
 class LeaseState(enum.Enum):

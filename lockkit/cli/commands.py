@@ -25,7 +25,7 @@ from .. import __version__
 from ..config import Settings, load_file, resolve_settings
 from ..driver import Guarantees
 from ..errors import BackendUnavailable, ConfigError, LockError, LockTimeout
-from ..lease import Lease
+from ..lease import Lease, is_lockkit_hint
 from ..lock import Lock
 from ..locker import Locker
 from ..names import validate_name
@@ -49,9 +49,29 @@ def _locker(args: argparse.Namespace) -> Locker:
     return Locker(_settings(args), None)
 
 
+class _Once(argparse.Action):
+    """``--url`` / ``--config``: given twice with different values is a usage error (docs/cli.md), not "last wins".
+
+    argparse's plain ``store`` keeps the last value, so ``--url A --url B`` would silently lock on B while the
+    user read A in their own command line. The same value repeated is harmless and accepted.
+    """
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None and earlier != values:
+            raise argparse.ArgumentError(self, "given twice with different values: give it once")
+        setattr(namespace, self.dest, values)
+
+
 def _add_target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="backend URL (default: LOCKKIT_URL, lockkit.toml, or the embedded file://)")
-    parser.add_argument("--config", help="a lockkit.toml to use (default: LOCKKIT_CONFIG or ./lockkit.toml)")
+    parser.add_argument(
+        "--url", action=_Once, help="backend URL (default: LOCKKIT_URL, lockkit.toml, or the embedded file://)"
+    )
+    parser.add_argument(
+        "--config", action=_Once, help="a lockkit.toml to use (default: LOCKKIT_CONFIG or ./lockkit.toml)"
+    )
     parser.add_argument("--backend", help="use this configured backend instead of the name's route")
 
 
@@ -186,7 +206,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(f"{args.name}: free on backend {backend!r}" + (f" ({info.waiters} waiting)" if info.waiters else ""))
             return 0
         parts = [f"held on backend {backend!r}"]
-        parts.append(f"holder token {info.token_hint}…" if info.token_hint else "holder not a lockkit client")
+        hint = info.token_hint
+        parts.append(f"holder token {hint}…" if is_lockkit_hint(hint) else "holder not a lockkit client")
         if info.fencing_token is not None:
             parts.append(f"fencing token {info.fencing_token}")
         if info.ttl_left is not None:
@@ -323,13 +344,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import run
 
     faults = [f for f in (args.faults or "").split(",") if f]
-    print(
-        f"lockkit verify: {args.processes} processes, {args.duration:g} s, faults: {', '.join(faults) or 'none'}",
-        file=sys.stderr,
-    )
-    report = run(args.url, args.processes, args.duration, faults, ttl=args.ttl)
+
+    def header() -> None:
+        shown = ", ".join(faults) or "none"
+        print(f"lockkit verify: {args.processes} processes, {args.duration:g} s, faults: {shown}", file=sys.stderr)
+
+    report = run(args.url, args.processes, args.duration, faults, ttl=args.ttl, on_start=header)
     print(report.as_json() if args.json else report.table())
-    return 0 if report.ok else 1
+    return report.exit_code
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -383,8 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lockkit {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log lockkit's debug messages to stderr")
     # Also accepted before the subcommand (lockkit --config f status x); main() hands them on.
-    parser.add_argument("--url", dest="top_url", metavar="URL", help="backend URL, for every subcommand")
-    parser.add_argument("--config", dest="top_config", metavar="FILE", help="a lockkit.toml, for every subcommand")
+    parser.add_argument("--url", action=_Once, dest="top_url", metavar="URL", help="backend URL, for every subcommand")
+    parser.add_argument(
+        "--config", action=_Once, dest="top_config", metavar="FILE", help="a lockkit.toml, for every subcommand"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
@@ -428,20 +452,22 @@ def build_parser() -> argparse.ArgumentParser:
         "guarantees. With names: the backend each name goes to and why. Nothing is connected.",
     )
     routes.add_argument("names", nargs="*", metavar="NAME")
-    routes.add_argument("--url", help="show the routes of this URL (one backend) instead of the configuration")
-    routes.add_argument("--config", help="a lockkit.toml to use")
+    routes.add_argument(
+        "--url", action=_Once, help="show the routes of this URL (one backend) instead of the configuration"
+    )
+    routes.add_argument("--config", action=_Once, help="a lockkit.toml to use")
     routes.add_argument("--json", action="store_true", help="machine-readable output")
     routes.set_defaults(func=_cmd_routes)
 
     check = sub.add_parser("check", help="reach every configured backend and print the round-trip time")
-    check.add_argument("--url", help="check this URL instead of the configuration")
-    check.add_argument("--config", help="a lockkit.toml to use")
+    check.add_argument("--url", action=_Once, help="check this URL instead of the configuration")
+    check.add_argument("--config", action=_Once, help="a lockkit.toml to use")
     check.set_defaults(func=_cmd_check)
 
     migrate = sub.add_parser("migrate", help="watch a backend migration: live clients per phase, next safe step")
     migrate.add_argument("action", choices=["status", "check"], help="status: the fleet; check: reach both backends")
-    migrate.add_argument("--config", help="a lockkit.toml to use")
-    migrate.add_argument("--url", help=argparse.SUPPRESS)
+    migrate.add_argument("--config", action=_Once, help="a lockkit.toml to use")
+    migrate.add_argument("--url", action=_Once, help=argparse.SUPPRESS)
     migrate.set_defaults(func=_cmd_migrate)
 
     verify = sub.add_parser(
@@ -450,10 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="N processes contend on one name and write through a fencing-checked "
         "store; optionally holders are SIGKILLed or SIGSTOPped at random. Every figure is recomputed "
         "from the holders' log and the store's history of attempts. Exits 1 on any overlap, lost "
-        "update, fencing token backwards or shared; 2 for memory:// (one process only) or --faults "
-        "with --duration <= 2 x --ttl (no fault could be injected).",
+        "update, fencing token backwards or shared, and on a run that could not test (a worker died, "
+        "nothing was acquired) or a backend that cannot be reached; 2 for a bad URL or --ttl, memory:// "
+        "(one process only) or --faults with --duration <= 2 x --ttl (no fault could be injected).",
     )
-    verify.add_argument("--url", help="backend to verify (default: the configured default backend)")
+    verify.add_argument("--url", action=_Once, help="backend to verify (default: the configured default backend)")
     verify.add_argument("--processes", type=_positive_int, default=4, help="worker processes (default 4)")
     verify.add_argument("--duration", type=float, default=10.0, help="seconds to run (default 10)")
     verify.add_argument("--faults", default="", help="comma-separated: kill, pause (needs --duration > 2 x --ttl)")
@@ -464,8 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import positive_seconds_arg
 
     bench = sub.add_parser("bench", help="measure latency, contention and renewal cost per backend")
-    bench.add_argument("--url", help="benchmark this URL (default: every configured backend)")
-    bench.add_argument("--config", help="a lockkit.toml to use")
+    bench.add_argument("--url", action=_Once, help="benchmark this URL (default: every configured backend)")
+    bench.add_argument("--config", action=_Once, help="a lockkit.toml to use")
     bench.add_argument("--rounds", type=_positive_int, default=500, help="uncontended acquire+release pairs")
     bench.add_argument("--processes", type=_positive_int, default=4, help="contending processes (default 4)")
     bench.add_argument("--seconds", type=positive_seconds_arg, default=5.0, help="contention run length (default 5)")
@@ -479,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     demo = sub.add_parser("demo", help="show lost updates without a lock, and none with lockkit")
-    demo.add_argument("--url", help="backend to demo on (default: the embedded file:// backend)")
+    demo.add_argument("--url", action=_Once, help="backend to demo on (default: the embedded file:// backend)")
     demo.add_argument("--workers", type=_positive_int, default=8, help="worker processes (default 8)")
     demo.add_argument("--deductions", type=_positive_int, default=2000, help="items sold in all (default 2000)")
     demo.set_defaults(func=_cmd_demo)

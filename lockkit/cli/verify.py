@@ -40,17 +40,20 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import lockkit
 
+from ..timing import validate_ttl
 from ..urls import redact
 from .fencing_store import FencedStore, summarise
+from .preflight import check_shared_backend
 
-WORKER_FAILED = 3
-"""The exit code of a worker that met a lockkit error (its message is in the run's error file)."""
+JOIN_GRACE = 10.0
+"""Seconds past the run's end plus 4 × TTL before a worker still running counts as hung (and is killed)."""
 
 
 def _worker(
@@ -65,16 +68,16 @@ def _worker(
     errors_path: str,
 ) -> None:
     try:
-        _work(url, name, store_path, log_path, until, ttl, fenced, store_class)
+        _contend(url, name, store_path, log_path, until, ttl, fenced, store_class)
     except lockkit.LockError as exc:
-        # One line for the report instead of a traceback per worker; the run then fails (it was "RESULT: ok"
-        # with nothing tested when no worker could reach the backend).
+        # Said once, in the report, for the controller to judge (a run whose workers died tested less than it
+        # says), rather than as one traceback per worker that a "RESULT: ok" below would contradict.
         with open(errors_path, "a", encoding="utf-8") as handle:
-            handle.write(f"{type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
-        raise SystemExit(WORKER_FAILED) from None
+            handle.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+        raise SystemExit(1) from None
 
 
-def _work(
+def _contend(
     url: str | None,
     name: str,
     store_path: str,
@@ -148,10 +151,12 @@ class VerifyReport:
     """Holders whose lease had already expired when they entered (paused right after the grant): not overlaps."""
     first_overlap: list[list[float | int | str]] | None = None
     """The first two overlapping entries (entered, left, pid, fencing token, write outcome), for diagnosis."""
-    failed_workers: int = 0
-    """Workers that exited with an error (not the ones the controller killed): the run did not test them."""
+    workers_failed: int = 0
+    """Workers that exited with an error, or did not finish and were killed (those verify SIGKILLed not counted)."""
     worker_errors: list[str] = field(default_factory=list)
-    """The distinct lockkit errors the failed workers met (``BackendUnavailable: could not connect…``)."""
+    """The distinct errors the workers died of (``ConfigError: …``), at most :data:`MAX_ERRORS_SHOWN`."""
+    failures: list[str] = field(default_factory=list)
+    """Why the run could not test what it reports (a worker died, nothing was acquired): each fails the run."""
 
     @property
     def violations(self) -> bool:
@@ -159,18 +164,14 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        """No violation and no failed worker."""
-        return not self.violations and not self.failed_workers
+        return not (self.violations or self.failures)
 
-    def verdict(self) -> str:
-        if self.violations:
-            return "VIOLATIONS FOUND"
-        if self.failed_workers:
-            return (
-                f"FAILED: {self.failed_workers} worker(s) failed, so the run proves nothing; fix the error above "
-                "(lockkit check --url URL reaches the backend) and run again"
-            )
-        return "ok"
+    @property
+    def exit_code(self) -> int:
+        """1 for a violation or a run that could not test; 2 if the workers' errors were configuration."""
+        if self.violations or not self.failures:
+            return 0 if self.ok else 1
+        return 2 if any(e.startswith("ConfigError") for e in self.worker_errors) else 1
 
     def as_json(self) -> str:
         return json.dumps({**asdict(self), "ok": self.ok})
@@ -188,15 +189,22 @@ class VerifyReport:
             ("stale reads/writes rejected by fencing", self.stale_writes_rejected),
             ("fencing tokens backwards / shared", fencing),
             ("holders killed / paused", f"{self.kills} / {self.pauses}"),
-            ("workers failed", self.failed_workers),
             ("handoff latency p50 / p99", f"{_ms(self.handoff_ms_p50)} / {_ms(self.handoff_ms_p99)}"),
             ("takeover after kill (median)", _ms(statistics.median(self.takeover_ms) if self.takeover_ms else None)),
         ]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
-        lines += [f"{'worker error':<{width}}  {error}" for error in self.worker_errors]
-        lines.append("RESULT: " + self.verdict())
+        lines.extend(f"worker error: {error}" for error in self.worker_errors)
+        if self.violations:
+            lines.append("RESULT: VIOLATIONS FOUND")
+        if self.failures:
+            lines.append("RESULT: FAILED (could not test: " + "; ".join(self.failures) + ")")
+        if self.ok:
+            lines.append("RESULT: ok")
         return "\n".join(lines)
+
+
+MAX_ERRORS_SHOWN = 5
 
 
 def _ms(value: float | None) -> str:
@@ -293,13 +301,20 @@ def run(
     ttl: float = 2.0,
     *,
     store_class: type[FencedStore] = FencedStore,
+    on_start: Callable[[], None] | None = None,
 ) -> VerifyReport:
     """Run the self-test; raises :class:`lockkit.ConfigError` for a combination that could test nothing.
+
+    ``on_start`` is called once the checks have passed, just before the workers are spawned (the CLI prints
+    its header there, so that a refused run prints only why).
 
     ``store_class`` is a test hook, not an option: the test suite passes a deliberately broken store
     (:mod:`lockkit.testing._broken`) to show that the lost-update figure can fail. It must be importable
     by the spawned workers.
     """
+    validate_ttl(ttl, "--ttl")  # first: the checks below compare with it
+    if not duration > 0:  # also NaN
+        raise lockkit.ConfigError(f"--duration must be a number of seconds above 0, got {duration:g}")
     unknown = set(faults) - {"kill", "pause"}
     if unknown:
         raise lockkit.ConfigError(f"unknown fault {sorted(unknown)[0]!r}; use kill, pause or both")
@@ -311,15 +326,10 @@ def run(
             f"--duration is more than {2 * ttl:g} s (got {duration:g}): raise --duration or lower --ttl"
         )
     name = f"lockkit-verify:{os.getpid()}:{time.monotonic_ns()}"
-    with lockkit.connect(url) as locks:
-        backend = locks.backend_for(name)
-        guarantees, shown = backend.guarantees, backend.shown_url
-    if guarantees.scope == "process":
-        raise lockkit.ConfigError(
-            f"{shown} locks only the threads of one process, and verify's workers are separate processes: "
-            "the run could show nothing but that. Verify a backend that processes share (file:// on one "
-            "host, or a server)"
-        )
+    # A bad URL or TTL, memory://, a refused login or nothing listening: one line now, before any worker starts
+    guarantees, _ = check_shared_backend(url, name, ttl, "verify")
+    if on_start is not None:
+        on_start()
     report = VerifyReport(redact(url) if url else "the configured default", processes, duration, faults)
     report.fencing = guarantees.fencing
     fenced = guarantees.fencing != "none"
@@ -327,6 +337,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="lockkit-verify-") as tmp:
         store_path, log_path, errors_path = Path(tmp) / "store.db", Path(tmp) / "log", Path(tmp) / "errors"
         log_path.write_text("")
+        errors_path.write_text("")
         store = FencedStore(store_path)
         until = time.monotonic() + duration
 
@@ -339,6 +350,7 @@ def run(
             return proc
 
         workers = [spawn() for _ in range(processes)]
+        died: list[int] = []  # exit codes of workers that ended with an error (not by verify's SIGKILL)
         kill_times: list[float] = []
         rng = random.Random()
         injected = False
@@ -352,25 +364,51 @@ def run(
             injected = True
             victim = rng.randrange(len(workers))
             if rng.choice(faults) == "kill":
+                if not workers[victim].is_alive() and workers[victim].exitcode:
+                    died.append(workers[victim].exitcode)  # it died on its own before this kill: judged too
                 kill_times.append(time.monotonic())
                 os.kill(workers[victim].pid, signal.SIGKILL)
                 workers[victim].join()
-                workers[victim] = spawn()
+                workers[victim] = spawn()  # the killed one's exit code (-9) is verify's doing, not judged
                 report.kills += 1
             else:
                 os.kill(workers[victim].pid, signal.SIGSTOP)
                 time.sleep(ttl * 1.5)
                 os.kill(workers[victim].pid, signal.SIGCONT)
                 report.pauses += 1
+        hung = 0
         for proc in workers:
-            proc.join(max(1.0, until - time.monotonic()) + ttl * 4)
+            # Generous: a worker's last acquire gives up at the end of the run; one still running well after
+            # that is stuck (and says so below), while one merely slow to start under load is not.
+            proc.join(max(1.0, until - time.monotonic()) + ttl * 4 + JOIN_GRACE)
             if proc.is_alive():
+                hung += 1
                 proc.kill()
                 proc.join()
-            elif proc.exitcode:  # the killed ones were replaced: an exit code here is the worker's own failure
-                report.failed_workers += 1
-        if errors_path.exists():
-            report.worker_errors = list(dict.fromkeys(errors_path.read_text(encoding="utf-8").splitlines()))
+            elif proc.exitcode != 0:
+                died.append(proc.exitcode)
         _analyse(report, log_path, store, kill_times)
+        _judge(report, died, hung, errors_path.read_text().splitlines())
         store.close()
     return report
+
+
+def _judge(report: VerifyReport, exit_codes: list[int], hung: int, errors: list[str]) -> None:
+    """What keeps the run from being a test: workers that died or hung, and a run with no acquisition at all.
+
+    Without this, a backend nobody could reach, or a TTL every worker's driver refused, gave 0 acquisitions, 0
+    violations and ``RESULT: ok``: a self-test that could not fail.
+    """
+    report.workers_failed = len(exit_codes) + hung
+    report.worker_errors = list(dict.fromkeys(errors))[:MAX_ERRORS_SHOWN]
+    if exit_codes:
+        report.failures.append(
+            f"{len(exit_codes)} worker(s) died (exit codes {sorted(set(exit_codes))}"
+            + ("; their errors are listed above)" if errors else "; see their tracebacks on stderr)")
+        )
+    if hung:
+        report.failures.append(f"{hung} worker(s) still ran {JOIN_GRACE:g} s after the run should have ended")
+    if report.acquisitions == 0:
+        report.failures.append(
+            "no worker acquired the lock: raise --duration (spawned workers take about a second to start)"
+        )
