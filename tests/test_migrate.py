@@ -131,6 +131,24 @@ def test_guard_refuses_old_and_new_at_once_canary(pair: Pair, config: Callable[[
         old_again.lock("m:guard3").try_acquire()
 
 
+def test_an_old_client_after_the_epoch_switch_is_refused_until_the_record_is_deleted(
+    config: Callable[[str], Path], lockers: Any, pair: Pair
+) -> None:
+    """docs/migration.md, step 3: an 'old' instance started after the first 'new' one refuses. It refused only
+    while a 'new' client was alive: once that one exited, an 'old' client locked freely, with token 7 after
+    281474976710660 had been issued (fencing backwards). Rolling back past the switch deletes the record."""
+    new = lockers(config("new"))
+    with new.lock("m:switch") as lease:  # the first 'new' client switches the epoch
+        assert lease.fencing_token >= 1 << EPOCH_SHIFT
+    new.close()  # withdraws its presence: no 'new' client is alive any more
+    old = lockers(config("old"))
+    with pytest.raises(ConfigError, match="switched the fencing epoch"):
+        old.lock("m:switch").try_acquire()
+    with lockkit.connect(pair[1]) as new_only:  # the rollback of docs/migration.md: delete the epoch record
+        new_only.backend_for("m:switch").driver.withdraw("lockkit-migrate:main:epoch", "epoch")
+    assert lockers(config("old")).lock("m:switch").try_acquire() is not None
+
+
 def test_fencing_strictly_increases_across_a_full_roll(config: Callable[[str], Path], lockers: Any) -> None:
     tokens: list[int] = []
     for phase in ("old", "both", "new", "both", "new"):

@@ -217,6 +217,16 @@ class MigrateDriver:
         others = [r for m, r in self.fleet().items() if m != self.member and r.get("phase") == self._conflict]
         if others:
             raise self._refusal(others)
+        if self.phase == "old" and self.epoch_switched():
+            # No 'new' client alive, but one has run: its tokens (epoch 1) rank above every token the old backend
+            # can give, so this client's would go backwards — refused, as docs/migration.md's step 3 says.
+            raise FleetConflict(
+                f"migration {self.options.group!r}: this client is in phase 'old' but a 'new' client has switched "
+                "the fencing epoch (tokens come from the new backend since), so its tokens would rank below those "
+                "already issued and this client takes no locks. Stop this instance or set its migrate phase to "
+                "'both' or 'new' like the rest; to roll back past the switch, follow docs/migration.md, 'Rolling "
+                "back' (the epoch record is deleted there)"
+            )
 
     def _refusal(self, others: Sequence[Mapping[str, Any]]) -> FleetConflict:
         shown = sorted(f"{r.get('host')}:{r.get('pid')} (phase {self._conflict!r})" for r in others)
