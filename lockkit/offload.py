@@ -25,6 +25,7 @@ threads (it has none of its parent's) and starts its own on its first call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -57,7 +58,7 @@ class _Call:
     (the worker's, to deliver the outcome to the loop; the loop's, to leave it to the worker to clean up).
     """
 
-    __slots__ = ("answer", "args", "error", "fn", "future", "loop", "on_unclaimed", "result", "start")
+    __slots__ = ("answer", "args", "error", "finished", "fn", "future", "loop", "on_unclaimed", "result", "start")
 
     def __init__(
         self,
@@ -74,12 +75,24 @@ class _Call:
         self.answer: list[bool] = [True]
         self.result: Any = None
         self.error: BaseException | None = None
+        self.finished: asyncio.Future[None] | None = None
+        """Set (on the loop) once a started call has returned and its unclaimed outcome was cleaned up: what a
+        cancelled acquire waits for before it returns (see :meth:`_Lane.wait`)."""
 
     def run(self) -> None:
         try:
             self.start.pop()
         except IndexError:  # withdrawn before it started: nothing was sent
             return
+        try:
+            self._run()
+        finally:
+            finished = self.finished
+            if finished is not None and self.loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    self.loop.call_soon_threadsafe(_finish, finished)
+
+    def _run(self) -> None:
         try:
             self.result = self.fn(*self.args)
         except BaseException as exc:  # delivered to the awaiting task (an interrupt included)
@@ -131,6 +144,15 @@ class _Call:
             except (IndexError, RuntimeError):
                 pass
 
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+CANCEL_WAIT = 2.0
+"""How long a cancelled acquire waits, at most, for its started call to end and remove what it queued (a call
+stuck on an unresponsive server is left to finish on its own after that)."""
 
 _lanes: weakref.WeakSet[_Lane] = weakref.WeakSet()
 
@@ -256,6 +278,7 @@ class Offload:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T | None] = loop.create_future()
         call = _Call(fn, args, loop, future, lambda grant: self._give_back(grant, give_back))
+        call.finished = loop.create_future()
         try:
             self._waits.submit(call)
             # Not shielded (a shield costs a future and a turn of the loop per call): a cancelled await
@@ -276,6 +299,12 @@ class Offload:
                         except BackendUnavailable:  # closed meanwhile: the cancellation still goes on
                             log.warning("lockkit: a cancelled acquire's grant was not released (the locker "
                                         "closed); it lapses at its ttl")  # fmt: skip
+                else:
+                    # Still running: ``stop`` ends its wait, it removes what it queued and gives back a grant
+                    # that raced the cancel. Return after that, as docs/semantics.md promises ("removes whatever
+                    # it queued before returning"), within CANCEL_WAIT; asyncio.wait neither cancels the future
+                    # nor swallows a second cancellation of this task.
+                    await asyncio.wait({call.finished}, timeout=CANCEL_WAIT)
             raise
 
     @staticmethod
