@@ -54,6 +54,7 @@ def test_the_turns_before_a_reply_are_bounded_and_let_other_tasks_run(redis_serv
         stream = conn._stream
         assert stream is not None
         try:
+            stream._round_trip = 0.0  # a connection whose replies come fast (its login's may not have, under load)
             # nothing was sent: no reply comes, so every turn allowed is taken, and no more
             window = stream_module.REPLY_WINDOW
             stream_module.REPLY_WINDOW = 10.0  # bounded by the count alone here
@@ -68,6 +69,14 @@ def test_the_turns_before_a_reply_are_bounded_and_let_other_tasks_run(redis_serv
                 assert await _turns_of(stream.turns_before_reply) == 0
             finally:
                 stream_module.REPLY_WINDOW = window
+            # a connection whose replies take long (a remote server) takes none: they could not catch its reply
+            stream._round_trip = 2 * stream_module.REPLY_TURNS_UP_TO
+            assert await _turns_of(stream.turns_before_reply) == 0
+            # ...and learns from its round trips: fast replies bring the turns back
+            for _ in range(40):
+                await conn.send(pack([("PING",)]))
+                assert await conn.read(1, time.monotonic() + 5) == [b"PONG"]
+            assert stream._round_trip < 2 * stream_module.REPLY_TURNS_UP_TO
         finally:
             await conn.close()
 
@@ -87,6 +96,7 @@ def test_no_turn_is_taken_when_the_reply_is_already_there(redis_server: RedisSer
                 await asyncio.sleep(0.001)
             window = stream_module.REPLY_WINDOW
             stream_module.REPLY_WINDOW = 10.0
+            stream._round_trip = 0.0
             try:
                 assert await _turns_of(stream.turns_before_reply) == 0
             finally:

@@ -26,15 +26,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..config import NodeSpec
 
-__all__ = ["REPLY_TURNS", "REPLY_WINDOW", "AsyncStream", "open_stream", "stale_all"]
+__all__ = ["REPLY_TURNS", "REPLY_TURNS_UP_TO", "REPLY_WINDOW", "AsyncStream", "open_stream", "stale_all"]
 
 
-REPLY_TURNS = 3
+REPLY_TURNS = 6
 """How many turns a reader lets the event loop take, at most, after a command is sent and before it blocks on
 the reply (:meth:`AsyncStream.turns_before_reply`, issue 17)."""
-REPLY_WINDOW = 30e-6
+REPLY_WINDOW = 60e-6
 """...and for how long at most (seconds, ``time.perf_counter``): in a loop busy with other tasks one turn may
 take longer than the reply, which must not wait behind more of them."""
+REPLY_TURNS_UP_TO = 4 * REPLY_WINDOW
+"""No turns on a connection whose replies take longer than this (a moving average of its round trips, from the
+send to the reply's arrival): turns could not catch a remote server's reply, they would only spend CPU."""
 
 _BUFFER = 16 * 1024
 """What one read of the socket takes at most: small, as a pool may hold 64 connections (a 10,000-lease renewal
@@ -159,16 +162,19 @@ async def _bounded(event: asyncio.Future[None], timeout: float, error: Exception
 
 
 class AsyncStream:
-    __slots__ = ("_label", "_protocol", "_timeout", "_transport")
+    __slots__ = ("_label", "_protocol", "_round_trip", "_sent_at", "_timeout", "_transport")
 
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol, timeout: float, label: str) -> None:
         self._transport, self._protocol, self._timeout, self._label = transport, protocol, timeout, label
+        self._sent_at = 0.0  # time.perf_counter() of the last send
+        self._round_trip = 0.0  # a moving average of send-to-reply times (0: none yet, so turns at first)
 
     async def send(self, data: bytes) -> None:
         protocol = self._protocol
         if protocol.closed is not None:
             raise RedisConnectionError(protocol.closed)
         self._transport.write(data)
+        self._sent_at = time.perf_counter()
         if protocol.writable is not None:  # the buffer is full: wait until the kernel took some of it
             error = RedisTimeoutError(f"Timeout writing to redis {self._label}")
             await _bounded(protocol.writable, self._timeout, error)
@@ -183,9 +189,13 @@ class AsyncStream:
         blocks right after its send puts an idle loop to sleep in ``epoll_wait``, and on the virtual machines
         this project measures on, waking a sleeping vCPU when the reply comes costs 20-50 µs per round trip:
         more than the whole client's Python. A few turns (a zero-timeout ``select`` each) keep it awake for
-        the ~20-40 µs a loopback Redis takes to answer, for about the CPU the sleep and wake-up cost themselves
-        (measured in docs/benchmarks.md, "loop turns before a reply"; ``bench_async.py --parts redis-layers``
-        has a row without them). redis.asyncio gets the same from the turns its own reader takes."""
+        the ~20-40 µs a loopback Redis takes to answer, for about the CPU the sleep and wake-up cost
+        themselves. On a connection whose replies take longer (:data:`REPLY_TURNS_UP_TO`, a remote server)
+        none are taken (measured in docs/benchmarks.md, "loop turns before a reply"; ``bench_async.py
+        --parts redis-layers`` has a row without them). redis.asyncio gets the same from the turns its own
+        reader takes."""
+        if self._round_trip > REPLY_TURNS_UP_TO:
+            return
         protocol = self._protocol
         until = time.perf_counter() + REPLY_WINDOW
         for _ in range(REPLY_TURNS):
@@ -209,6 +219,8 @@ class AsyncStream:
             chunks = protocol.data
             data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             chunks.clear()
+            # An upper bound of this reply's round trip (it may have arrived earlier), for turns_before_reply
+            self._round_trip += (time.perf_counter() - self._sent_at - self._round_trip) * 0.125
             return data
         raise RedisConnectionError(protocol.closed or f"Connection to redis {self._label} lost")
 
