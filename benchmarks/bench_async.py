@@ -31,6 +31,10 @@ loop turns before a reply: ``stream.REPLY_TURNS = 0``, which shows what those tu
 to the floor, interleaved in blocks and the median of 5 rounds; and the turns of the event loop and the tasks
 each layer makes per acquire+release (counted over 100 more).
 
+``--parts redis-turns`` times the redis:// ``AsyncLock`` with the reader's loop turns before a reply set three
+ways (none; 3 within 30 µs; 6 within 60 µs, the default: ``lockkit/drivers/redis/_async/stream.py``) against
+the floor, interleaved in one process, per-operation medians, and each one's CPU against the floor's.
+
 ``--parts front`` measures the front end alone (issue 17): ``AsyncLock`` over a driver stub that answers each call
 after one turn of the loop (``asyncio.sleep(0)``), against the stub's own calls, layer by layer as above (no
 server; 10 times ``--ops``), and the front end's own CPU per acquire+release, the difference of the two.
@@ -326,6 +330,59 @@ async def redis_layers_part(port: int, url: str, ops: int) -> str:
     return table
 
 
+async def redis_turns_part(port: int, url: str, ops: int) -> str:
+    """The ``AsyncLock`` with the reader's loop turns before a reply set three ways (none; 3 within 30 µs; 6 within
+    60 µs, the default), against the floor: per-operation medians, the variants interleaved in blocks of 10
+    in one process (what the turns save is the wake-up of a vCPU put to sleep right after a send; issue 17)."""
+    from lockkit.drivers.redis._async import stream
+
+    (conn,), sha = await _connections([port])
+
+    async def floor(name: str) -> None:
+        await conn.send_command("SET", name, "token", "NX", "PX", 10_000)
+        assert await conn.read_response() is not None
+        await conn.send_command("EVALSHA", sha, 1, name, "token")
+        await conn.read_response()
+
+    settings = {"none": (0, 0.0), "3 within 30 µs": (3, 30e-6), "6 within 60 µs": (6, 60e-6)}
+    kept = stream.REPLY_TURNS, stream.REPLY_WINDOW
+    async with lockkit.connect_async(url) as locks:
+        whole = via(locks)
+
+        def with_turns(turns: int, window: float) -> Op:
+            async def op(name: str) -> None:
+                stream.REPLY_TURNS, stream.REPLY_WINDOW = turns, window
+                try:
+                    await whole(name)
+                finally:
+                    stream.REPLY_TURNS, stream.REPLY_WINDOW = kept
+
+            return op
+
+        ops_by_label: dict[str, Op] = {"redis.asyncio floor": floor}
+        ops_by_label |= {f"AsyncLock, turns: {label}": with_turns(*value) for label, value in settings.items()}
+        prefix = uuid.uuid4().hex
+        for label, op in ops_by_label.items():  # warm-up: connections, scripts
+            for i in range(50):
+                await op(f"warm:{prefix}:{label}:{i}")
+        samples: dict[str, list[float]] = {label: [] for label in ops_by_label}
+        cpu: dict[str, float] = dict.fromkeys(ops_by_label, 0.0)
+        for block in range(max(1, ops // 10)):  # blocks of 10 per variant, in turn: load drift hits all alike
+            for label, op in ops_by_label.items():
+                used = time.process_time()
+                for i in range(10):
+                    started = time.perf_counter()
+                    await op(f"bench:{prefix}:{label}:{block}:{i}")
+                    samples[label].append(time.perf_counter() - started)
+                cpu[label] += time.process_time() - used
+    await conn.disconnect()
+    table = latency_table(samples, unit="µs")
+    floor_cpu = cpu["redis.asyncio floor"]
+    return table + "\nCPU over the same blocks, × the floor's: " + ", ".join(
+        f"{label.removeprefix('AsyncLock, turns: ')} {value / floor_cpu:.2f}" for label, value in cpu.items()
+    )
+
+
 async def redlock_part(ports: list[int], url: str, ops: int) -> str:
     conns, sha = await _connections(ports)
     need = len(conns) // 2 + 1
@@ -434,7 +491,8 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="redis,redlock,etcd,zookeeper",
-        help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers, etcd-layers, zookeeper-layers "
+        help="comma-separated: redis, redlock, etcd, zookeeper; redis-layers, etcd-layers, zookeeper-layers, "
+        "redis-turns (the reader's loop turns before a reply, three ways) "
         "(a face layer by layer); front (the front end over a driver stub)",
     )
     args = parser.parse_args()
@@ -448,8 +506,10 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         if "front" in parts:
             sections.append(("the front end", lambda: front_part(ops)))
-        if "redis" in parts or "redis-layers" in parts:
+        if parts & {"redis", "redis-layers", "redis-turns"}:
             single = stack.enter_context(RedisServer())
+        if "redis-turns" in parts:
+            sections.append(("redis://", lambda: redis_turns_part(single.port, single.url, ops)))
         if "redis" in parts:
             sections.append(("redis://", lambda: redis_part(single.port, single.url, ops)))
         if "redis-layers" in parts:
