@@ -40,7 +40,7 @@ from ...embedded.permits import limit_mismatch
 from ..facts import ACL_HINT
 from ..keys import permit_key
 from ..permit_sql import PermitStatements
-from .driver import GRANT_TRIES, AsyncPostgresDriver, _first_line, _Held, _Retry, _Session
+from .driver import GRANT_TRIES, WAIT_GRACE, AsyncPostgresDriver, _first_line, _Held, _NoAnswer, _Retry, _Session
 
 __all__ = ["AsyncPostgresPermits"]
 
@@ -169,19 +169,26 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         """Run several statements in one round trip (one implicit transaction); the cursor of the last."""
         with self._state:
             s.busy += 1
-        if s.watch is not None:
-            s.watch.before()
+        watch, bound = s.watch, self._options.timeout
+        ticket = None if watch is None else watch.before(bound)  # bounded as _exec's statements are
         try:
-            cur = AsyncClientCursor(s.conn)
-            await cur.execute(sql, params)
-            while cur.nextset():
-                pass
-            return cur
-        finally:
-            with self._state:
-                s.busy -= 1
-            if s.watch is not None:
-                s.watch.after()
+            try:
+                cur = AsyncClientCursor(s.conn)
+                await cur.execute(sql, params)
+                while cur.nextset():
+                    pass
+            finally:
+                with self._state:
+                    s.busy -= 1
+                if watch is not None:
+                    watch.after(ticket)
+        except psycopg.Error:
+            if watch is None or not watch.expired:
+                raise
+        else:
+            if watch is None or not watch.expired:
+                return cur
+        await self._cut_off(s, bound)
 
     # -- acquire -------------------------------------------------------------------------------
 
@@ -268,7 +275,8 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             sent_at = self._clock()
             try:
                 await self._exec(s, self._sql.set_lock_timeout, (f"{max(1, int(piece * 1000))}ms",))
-                cur = await self._exec(s, self._psql.wait(mode), params)
+                # The server ends the slice itself; only if it does not answer then is the session cut.
+                cur = await self._exec(s, self._psql.wait(mode), params, piece + WAIT_GRACE)
                 got = await cur.fetchone()
             except pg_errors.LockNotAvailable:
                 continue  # the slice ended: look at every slot again (still present: our place is kept)
@@ -333,6 +341,9 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
     async def _failed(self, s: _Session, keys: _Keys, exc: psycopg.Error) -> NoReturn:
         """A statement failed: a dead session is buried (``_Retry``: try another); anything else undoes what
         the statement may have taken (session locks outlive a failed transaction) and is raised."""
+        if isinstance(exc, _NoAnswer):  # no retry on another session: the server is what does not answer
+            await self._bury(s, "PostgreSQL did not answer in time: lockkit closed the session")
+            raise self._unanswered("take a permit", None) from None
         if s.conn.broken or s.conn.closed:
             await self._bury(s, f"the PostgreSQL session ended: {self._redacted(_first_line(exc))}")
             raise _Retry from None
