@@ -102,7 +102,7 @@ def test_p9_paused_server_release_renew_holder_bounded(fresh_postgres: Callable[
     url = server.url + "?timeout=1"
     # Three lockers (three drivers, sessions of their own): a call cut on one session ends only its leases.
     with lockkit.connect(url) as renewing, lockkit.connect(url) as releasing, lockkit.connect(url) as asking:
-        renewed, released = renewing.lock(_name(), ttl=30), releasing.lock(_name(), ttl=30)
+        renewed, released = renewing.lock(_name(), ttl=4), releasing.lock(_name(), ttl=4)
         leases = [renewed.acquire(timeout=5), released.acquire(timeout=5)]
         asking.holder(renewed.name)
         with paused(server):
@@ -118,11 +118,12 @@ def test_p9_paused_server_release_renew_holder_bounded(fresh_postgres: Callable[
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
             assert not any(lease.valid for lease in leases)
-        # Their sessions were cut: the server dropped the locks, which another client now takes.
+        # Their sessions were cut: they end at the leases' deadlines, when another client gets the locks.
         with lockkit.connect(server.url) as other:
             for lease in leases:
                 other_lock = other.lock(lease.name, ttl=30)
-                assert other_lock.acquire(timeout=10).fencing_token > lease.fencing_token
+                assert other_lock.acquire(timeout=15).fencing_token > lease.fencing_token
+                assert time.monotonic() >= lease.expires_at
                 other_lock.release()
 
 
@@ -181,3 +182,27 @@ def test_p9_blackholed_proxy_try_acquire_bounded(postgres_server: PostgresServer
         again = again_lock.acquire(timeout=10)
         assert again.valid and again.fencing_token > other.fencing_token
         again_lock.release()
+
+
+def test_p9_cut_session_keeps_its_locks_until_their_deadline(fresh_postgres: Callable[..., PostgresServer]) -> None:
+    # A renewal cut for want of an answer must not end the session before the lease's deadline: a server that
+    # answers again meanwhile would hand the lock to another client while the holder may still trust it.
+    server = fresh_postgres()
+    name = _name()
+    with lockkit.connect(server.url + "?timeout=1") as locks, lockkit.connect(server.url) as other:
+        lock = locks.lock(name, ttl=6, auto_renew=False)
+        lease = lock.acquire(timeout=5)
+        with paused(server):
+            took, exc = _timed(lock.renew)
+            print(f"P-9: renew() of a ttl-6 lease: {type(exc).__name__} after {took:.2f} s")
+            assert isinstance(exc, (BackendUnavailable, LockLost)), exc
+        # The server runs again well before the lease's deadline: the lock stays held until then.
+        while time.monotonic() < lease.expires_at - 0.3:
+            assert other.lock(name).try_acquire() is None, "the lock was freed before the holder's deadline"
+            time.sleep(0.1)
+        other_lock = other.lock(name, ttl=30)
+        second = other_lock.acquire(timeout=10)
+        print(f"P-9: another client got the lock {time.monotonic() - lease.expires_at:+.2f} s after the deadline")
+        assert time.monotonic() >= lease.expires_at
+        assert second.fencing_token > lease.fencing_token
+        other_lock.release()

@@ -82,6 +82,10 @@ class _Session:
     watch: Watch | None = None
     """The session's socket watched between statements (see :meth:`AsyncPostgresDriver._on_readable`)."""
     dead: bool = False
+    deadlines: dict[str, float] = field(default_factory=dict)
+    """Token -> the instant (driver clock) its lease on this session was last granted or renewed until: lockkit
+    never ends the session itself before the latest of its leases' (a session cut for want of an answer keeps
+    its socket open until then)."""
 
     @property
     def idle(self) -> bool:
@@ -101,8 +105,8 @@ class _Retry(Exception):
 
 
 class _NoAnswer(psycopg.OperationalError):
-    """A statement outlived its bound: its session was cut and closed (so the handlers of a broken connection,
-    which look at ``conn.closed``, bury it)."""
+    """A statement outlived its bound: its session was cut, and counts as broken (so the handlers of a broken
+    connection, which look at ``conn.broken``, bury it)."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -215,8 +219,9 @@ class AsyncPostgresDriver:
     def _unanswered(self, what: str, limit: float | None) -> BackendUnavailable:
         within = "in time" if limit is None else f"within {limit:.3g} s"
         return BackendUnavailable(
-            f"PostgreSQL at {self._shown} did not answer {within} to {what}: lockkit closed that session "
-            "(a lock the server grants it goes with it). Check that the server is running and not stalled "
+            f"PostgreSQL at {self._shown} did not answer {within} to {what}: lockkit gave up that session (it "
+            "ends, with any lock the server grants it, once no lease on it can still be trusted). Check that the "
+            "server is running and not stalled "
             "(paused, overloaded, out of disk) and that the network path to it is up, then retry"
         )
 
@@ -246,10 +251,14 @@ class AsyncPostgresDriver:
         await self._cut_off(s, bound)
 
     async def _cut_off(self, s: _Session, bound: float) -> NoReturn:
-        """The statement on ``s`` outlived ``bound``: close the (already cut) connection and raise."""
-        with contextlib.suppress(Exception):  # a cut connection has nothing left to say
-            await s.conn.close()
-        raise _NoAnswer(f"PostgreSQL did not answer within {bound:.3g} s, so lockkit closed the session") from None
+        """The statement on ``s`` outlived ``bound`` and its socket was shut for reading: raise. If the reply beat
+        the cut, libpq is made to read the end of the stream too, so that the connection counts as broken
+        (libpq then drops its descriptor without a word to the server: the session lives on, with its locks,
+        until the watch's duplicate closes, see :meth:`_bury`)."""
+        if not s.conn.broken:
+            with contextlib.suppress(Exception):  # the expected outcome: "server closed the connection"
+                s.conn.pgconn.consume_input()
+        raise _NoAnswer(f"PostgreSQL did not answer within {bound:.3g} s, so lockkit gave up the session") from None
 
     def _on_readable(self, s: _Session) -> None:
         """The socket of ``s`` has something to read with no statement of ours in flight: the server is almost
@@ -386,7 +395,13 @@ class AsyncPostgresDriver:
         for token in lost:
             self._events.lost(token, reason)
         if s.watch is not None:
-            s.watch.close()
+            # A session we cut (no answer in time) ends only when its socket closes: not before its leases'
+            # deadlines, so a server that answers again meanwhile cannot grant their locks to another client
+            # while a holder may still be trusting them.
+            # (All its leases' deadlines, not only those reported here: two burials may race, and the first
+            # reports them all.)
+            until = max(s.deadlines.values(), default=0.0)
+            s.watch.close(max(0.0, until - self._clock()) if s.watch.expired else 0.0)
         with contextlib.suppress(Exception):  # closing a broken connection has nothing left to report
             await s.conn.close()
 
@@ -456,6 +471,7 @@ class AsyncPostgresDriver:
     def _hold(self, token: str, name: str, key: int, fence: int, s: _Session, ttl: float, sent_at: float) -> Grant:
         with self._state:
             self._leases[token] = _Held(name, key, fence, s)
+            s.deadlines[token] = sent_at + ttl
         return Grant(fence, ttl, sent_at)
 
     async def _grant(
@@ -475,7 +491,7 @@ class AsyncPostgresDriver:
             cur = await self._exec(s, sql, params, limit)
             row = await cur.fetchone()
         except _NoAnswer:
-            await self._bury(s, "PostgreSQL did not answer in time: lockkit closed the session")
+            await self._bury(s, "PostgreSQL did not answer in time: lockkit gave up the session")
             raise self._unanswered("take a lock", limit) from None
         except pg_errors.LockNotAvailable:
             self._unclaim(s, key)  # lock_timeout: the server took us off its queue, nothing was granted
@@ -562,6 +578,8 @@ class AsyncPostgresDriver:
                 for i in indexes:
                     held = self._leases.get(requests[i].token)
                     results[i] = None if held is None else Grant(held.fence, requests[i].ttl, sent_at)
+                    if held is not None:
+                        s.deadlines[requests[i].token] = sent_at + requests[i].ttl
         return results
 
     # -- release -------------------------------------------------------------------------------
@@ -589,6 +607,7 @@ class AsyncPostgresDriver:
             raise self._translate(exc, "release a lock") from None
         with self._state:
             self._leases.pop(token, None)
+            s.deadlines.pop(token, None)
             s.keys.discard(held.key)
         await self._trim(s)
         return bool(row is not None and row[0])

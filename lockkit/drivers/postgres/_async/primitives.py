@@ -117,12 +117,12 @@ class Watch:
             ticket.cancel()
 
     def cut(self) -> None:
-        """Shut the session's socket down both ways: psycopg's wait for the reply ends at once with a broken
-        connection, no reply sent later can be read on it, and the server ends the session (dropping its
-        locks) as soon as it runs again and reads the end of the stream."""
+        """Shut the session's socket for reading: psycopg's wait for the reply ends at once with the end of the
+        stream (a broken connection, never used again). Nothing is sent to the server, which keeps the
+        session and its locks until the socket closes (:meth:`close`)."""
         self.expired = True
         with contextlib.suppress(OSError):  # already closed: nothing left to cut
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(socket.SHUT_RD)
 
     def pending(self) -> bool:
         """Whether the socket has bytes (or its end) waiting unread, right now; never reads them."""
@@ -134,10 +134,15 @@ class Watch:
             return True  # a socket in error: the session is gone, which the check will find
         return True  # a byte, or b"" at the end of the stream
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Stop watching; the duplicate (and with it the socket, once psycopg closed its own descriptor) closes
+        after ``linger`` seconds, which is when the server learns that the session ended."""
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(Exception):  # a loop already closed has no reader left
             self._loop.remove_reader(self._fd)
-        self._sock.close()
+        if linger > 0:
+            self._loop.call_later(linger, self._sock.close)
+        else:
+            self._sock.close()

@@ -344,7 +344,7 @@ class PostgresPermits(PostgresDriver):
         """A statement failed: a dead session is buried (``_Retry``: try another); anything else undoes what
         the statement may have taken (session locks outlive a failed transaction) and is raised."""
         if isinstance(exc, _NoAnswer):  # no retry on another session: the server is what does not answer
-            self._bury(s, "PostgreSQL did not answer in time: lockkit closed the session")
+            self._bury(s, "PostgreSQL did not answer in time: lockkit gave up the session")
             raise self._unanswered("take a permit", None) from None
         if s.conn.broken or s.conn.closed:
             self._bury(s, f"the PostgreSQL session ended: {self._redacted(_first_line(exc))}")
@@ -385,6 +385,7 @@ class PostgresPermits(PostgresDriver):
         held = _Permit(name, keys.claim, fence, s, mode, ttl, keys.held_key(mode, slot), presence)
         with self._state:
             self._leases[token] = held
+            s.deadlines[token] = sent_at + ttl
             if joined:
                 self._drop_pending(s, ttl)
         return Grant(fence, ttl, sent_at)
@@ -429,6 +430,7 @@ class PostgresPermits(PostgresDriver):
             raise self._translate(exc, "release a permit") from None
         with self._state:
             self._leases.pop(token, None)
+            s.deadlines.pop(token, None)
             s.keys.discard(held.key)
         self._trim(s)
         return bool(row is not None and row[0])

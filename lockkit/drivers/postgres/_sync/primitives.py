@@ -155,24 +155,31 @@ class Watch:
         return first
 
     def cut(self) -> None:
-        """Shut the session's socket down both ways: the caller's wait in psycopg ends at once with a broken
-        connection, no reply sent later can be read on it, and the server ends the session (dropping its
-        locks) as soon as it runs again and reads the end of the stream."""
+        """Shut the session's socket for reading: the caller's wait in psycopg ends at once with the end of the
+        stream (a broken connection, never used again). Nothing is sent to the server, which keeps the
+        session and its locks until the socket closes (:meth:`close`)."""
         self.expired = True
         with contextlib.suppress(OSError):  # already closed: nothing left to cut
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(socket.SHUT_RD)
 
     def pending(self) -> bool:
         """Whether the socket has bytes (or its end) waiting unread, right now; never reads them."""
         return _pending(self._sock)
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Stop watching; the duplicate (and with it the socket, once psycopg closed its own descriptor) closes
+        after ``linger`` seconds, which is when the server learns that the session ended."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._watcher.forget(self)
-        self._sock.close()
+        if linger > 0:
+            timer = threading.Timer(linger, self._sock.close)
+            timer.daemon = True
+            timer.start()
+        else:
+            self._sock.close()
 
 
 class _Watcher:
