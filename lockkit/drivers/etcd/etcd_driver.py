@@ -76,6 +76,9 @@ from .watch import Watcher
 
 __all__ = ["EtcdDriver", "EtcdOptions"]
 
+MIN_ACQUIRE_BOUND = 1.0
+"""Seconds an acquire gives a silent cluster at least, however short its timeout (``try_acquire`` too)."""
+
 
 class EtcdDriver:
     guarantees: ClassVar[Guarantees] = Guarantees(
@@ -109,6 +112,16 @@ class EtcdDriver:
 
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        # The acquire's requests share one budget (about the deadline, at least MIN_ACQUIRE_BOUND): against a
+        # silent cluster the session's keepalive and the create then fail by about the deadline, not after one
+        # timeout each (docs/semantics.md). A wait with no deadline keeps the per-request timeout only.
+        budget = None if deadline is None else max(deadline - self._clock(), MIN_ACQUIRE_BOUND)
+        with self._client.within(budget):
+            return self._acquire(name, token, ttl, deadline, cancel)
+
+    def _acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None
     ) -> Grant | None:
         for _ in range(100):  # a re-queue happens only when our queued key vanished (lease revoked, deleted)
             if cancel is not None and cancel.cancelled:

@@ -40,7 +40,7 @@ from ...embedded.permits import limit_mismatch
 from ..facts import ACL_HINT
 from ..keys import permit_key
 from ..permit_sql import PermitStatements
-from .driver import GRANT_TRIES, WAIT_GRACE, AsyncPostgresDriver, _first_line, _Held, _NoAnswer, _Retry, _Session
+from .driver import GRANT_TRIES, AsyncPostgresDriver, _first_line, _Held, _NoAnswer, _Retry, _Session
 
 __all__ = ["AsyncPostgresPermits"]
 
@@ -275,8 +275,9 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             sent_at = self._clock()
             try:
                 await self._exec(s, self._sql.set_lock_timeout, (f"{max(1, int(piece * 1000))}ms",))
-                # The server ends the slice itself; only if it does not answer then is the session cut.
-                cur = await self._exec(s, self._psql.wait(mode), params, piece + WAIT_GRACE)
+                # The server ends the slice itself; the session is cut only if it is still unanswered a whole
+                # timeout later (the fence bump after a grant may wait for a busy row: see test P-26).
+                cur = await self._exec(s, self._psql.wait(mode), params, piece + self._options.timeout)
                 got = await cur.fetchone()
             except pg_errors.LockNotAvailable:
                 continue  # the slice ended: look at every slot again (still present: our place is kept)

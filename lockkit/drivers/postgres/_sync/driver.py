@@ -60,10 +60,6 @@ MIN_ACQUIRE_BOUND = 1.0
 """Seconds an acquire gives an unanswering server at least, however short its timeout (``try_acquire`` too):
 below that a healthy server under load would be taken for a dead one (docs/semantics.md)."""
 
-WAIT_GRACE = 0.5
-"""Seconds past its ``lock_timeout`` a wait in the server's queue may take to answer before its session is cut:
-the server's own timeout reply normally comes within milliseconds."""
-
 UNBOUNDED = math.inf
 """A statement's limit when it may wait for ever (a wait with no deadline, which the caller asked for)."""
 
@@ -445,8 +441,10 @@ class PostgresDriver:
             s = self._session_for(key, waiting=True, limit=self._left(until))
             unhook = self._background.on_cancel(cancel, s.conn)
             sent_at = self._clock()
-            # The server ends the wait at the deadline itself; only if it does not answer then is it cut.
-            wait_for = UNBOUNDED if deadline is None else max(0.0, deadline - self._clock()) + WAIT_GRACE
+            # The server ends the wait at the deadline itself (lock_timeout); the statement is cut only if it
+            # is still unanswered a whole timeout later (its fence bump may wait for the name's row, which
+            # other grants hold for a moment, and lock_timeout does not cover that wait).
+            wait_for = UNBOUNDED if deadline is None else max(0.0, deadline - self._clock()) + self._options.timeout
             try:
                 row = self._grant(s, self._sql.wait_grant, params, key, limit, wait_for)
             except _Retry:
