@@ -70,7 +70,7 @@ from .client import EtcdClient, range_op, rpc
 from .config import EtcdOptions, open_client
 from .keys import name_range
 from .presence import PresenceRecords
-from .session import Held, Sessions
+from .session import REVOKE_TIMEOUT, Held, Sessions
 from .waiter import Queue, State, Waiter
 from .watch import Watcher
 
@@ -265,5 +265,7 @@ class EtcdDriver:
 
     def close(self) -> None:
         self._watcher.close()
-        self._sessions.close()
+        # The revokes share one bound: a silent cluster costs about REVOKE_TIMEOUT in all, not that per TTL in use.
+        with self._client.within(REVOKE_TIMEOUT):
+            self._sessions.close()
         self._client.close()
