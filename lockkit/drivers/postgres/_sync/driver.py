@@ -22,8 +22,10 @@ This file is the source of both faces: ``scripts/unasync.py`` generates ``../_sy
 * Every statement is bounded (:meth:`PostgresDriver._exec`): by the ``timeout`` option, and an acquire's
   by what is left of its deadline (at least :data:`MIN_ACQUIRE_BOUND`). A server that accepts TCP but does
   not answer (paused, stalled, a blackholed path: the kernel still acknowledges, so neither keepalives nor
-  ``tcp_user_timeout`` fire) then gets its session cut, never waited on: the socket is shut down, so no late
-  reply can be read as another statement's, and the server drops that session's locks when it runs again.
+  ``tcp_user_timeout`` fire) then gets its session cut, never waited on: the socket is shut for reading, so
+  the session is never used again and no late reply is read as another statement's. The socket itself stays
+  open until the session's leases' deadlines: lockkit never ends a session whose locks a holder may still
+  trust (the server would hand them to someone else if it ran again meanwhile).
 """
 
 from __future__ import annotations
@@ -219,14 +221,15 @@ class PostgresDriver:
         return BackendUnavailable(
             f"PostgreSQL at {self._shown} did not answer {within} to {what}: lockkit gave up that session (it "
             "ends, with any lock the server grants it, once no lease on it can still be trusted). Check that the "
-            "server is running and not stalled "
-            "(paused, overloaded, out of disk) and that the network path to it is up, then retry"
+            "server is running and not stalled (paused, overloaded, out of disk) and that the network path to it "
+            "is up, then retry"
         )
 
     def _exec(self, s: _Session, sql: str, params: Any = None, limit: float | None = None) -> Any:
         """Run one statement on ``s``; its reply is not taken for the server ending the session. Unanswered
-        after ``limit`` s (``None``: the timeout option; :data:`UNBOUNDED`: no bound), the session is cut and
-        closed and :class:`_NoAnswer` raised; a reply that came in the same instant is not trusted either."""
+        after ``limit`` s (``None``: the timeout option; :data:`UNBOUNDED`: no bound), the session is cut (never
+        used again) and :class:`_NoAnswer` raised; a reply that came in the same instant is not trusted either.
+        The cost on the hot path is a timer (asyncio) or a list append read by the watcher thread (blocking)."""
         bound = self._options.timeout if limit is None else limit
         with self._state:
             s.busy += 1
