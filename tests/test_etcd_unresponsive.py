@@ -87,3 +87,20 @@ def test_e8_paused_etcd_try_acquire_bounded_async(fresh_etcd: Callable[..., Etcd
                 server.resume()
 
     asyncio.run(main())
+
+
+def test_e8_paused_etcd_semaphore_try_acquire_bounded(fresh_etcd: Callable[..., EtcdServer]) -> None:
+    server = fresh_etcd()
+    name = _name()
+    with lockkit.connect(server.url) as locks:
+        semaphore = locks.semaphore(name, limit=2, ttl=10)
+        semaphore.acquire(timeout=5)
+        semaphore.release()
+        server.pause()
+        try:
+            took, exc = _timed(lambda: locks.semaphore(name, limit=2, ttl=10).try_acquire())
+            print(f"E-8: semaphore try_acquire against a paused etcd: {type(exc).__name__} after {took:.2f} s")
+            assert isinstance(exc, BackendUnavailable), exc
+            assert took < 1.0 + SLACK
+        finally:
+            server.resume()

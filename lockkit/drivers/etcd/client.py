@@ -68,6 +68,9 @@ _NO_USER = "user name is empty"
 """etcd's answer (INVALID_ARGUMENT) to a request without a token when auth is on: the URL has no user."""
 _AUTH_DISABLED = "authentication is not enabled"
 """etcd's answer (FAILED_PRECONDITION) to a login when auth is off."""
+MIN_ACQUIRE_BOUND = 1.0
+"""Seconds an acquire gives a silent cluster at least, however short its timeout (``try_acquire`` too): the
+budget it passes to :meth:`EtcdClient.within` is max(what is left of its deadline, this)."""
 MIN_REQUEST_SECONDS = 0.25
 """The least a request waits inside a :meth:`EtcdClient.within` budget, however little of it is left: a healthy
 cluster answers in milliseconds, and the clean-up of an acquire that timed out (its dequeue) comes just after

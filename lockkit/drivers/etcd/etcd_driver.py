@@ -66,7 +66,7 @@ from ...errors import BackendUnavailable, LockError
 from ...lease import token_hint
 from ...urls import BackendURL
 from . import wire
-from .client import EtcdClient, range_op, rpc
+from .client import MIN_ACQUIRE_BOUND, EtcdClient, range_op, rpc
 from .config import EtcdOptions, open_client
 from .keys import name_range
 from .presence import PresenceRecords
@@ -75,9 +75,6 @@ from .waiter import Queue, State, Waiter
 from .watch import Watcher
 
 __all__ = ["EtcdDriver", "EtcdOptions"]
-
-MIN_ACQUIRE_BOUND = 1.0
-"""Seconds an acquire gives a silent cluster at least, however short its timeout (``try_acquire`` too)."""
 
 
 class EtcdDriver:
