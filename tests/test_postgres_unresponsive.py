@@ -206,3 +206,20 @@ def test_p9_cut_session_keeps_its_locks_until_their_deadline(fresh_postgres: Cal
         assert time.monotonic() >= lease.expires_at
         assert second.fencing_token > lease.fencing_token
         other_lock.release()
+
+
+def test_p9_paused_server_semaphore_try_acquire_bounded(fresh_postgres: Callable[..., PostgresServer]) -> None:
+    server = fresh_postgres()
+    name = _name()
+    with lockkit.connect(server.url) as locks:
+        semaphore = locks.semaphore(name, limit=2, ttl=10)
+        semaphore.acquire(timeout=5)
+        semaphore.release()
+        with paused(server):
+            took, exc = _timed(lambda: locks.semaphore(name, limit=2, ttl=10).try_acquire())
+            print(f"P-9: semaphore try_acquire against a paused server: {type(exc).__name__} after {took:.2f} s")
+            assert isinstance(exc, BackendUnavailable), exc
+            assert took < 1.0 + SLACK
+        again = locks.semaphore(name, limit=2, ttl=10)
+        assert again.acquire(timeout=10).valid
+        again.release()

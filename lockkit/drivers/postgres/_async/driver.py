@@ -459,14 +459,14 @@ class AsyncPostgresDriver:
                 s.waiting = False
             return self._hold(token, name, key, row[0], s, ttl, sent_at)
 
-    def _left(self, until: float | None) -> float:
+    def _left(self, until: float | None, what: str = "take a lock") -> float:
         """Seconds a step of an acquire may take: the timeout option, or less if the acquire's budget (``until``)
         ends sooner; a budget spent (by sessions found dead) is a BackendUnavailable."""
         if until is None:
             return self._options.timeout
         left = until - self._clock()
         if left <= 0:
-            raise self._unanswered("take a lock", None)
+            raise self._unanswered(what, None)
         return min(self._options.timeout, left)
 
     def _hold(self, token: str, name: str, key: int, fence: int, s: _Session, ttl: float, sent_at: float) -> Grant:
