@@ -21,10 +21,12 @@ auth) is a ``ConfigError`` naming the user; every other failed RPC becomes a ``B
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import shlex
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -66,6 +68,13 @@ _NO_USER = "user name is empty"
 """etcd's answer (INVALID_ARGUMENT) to a request without a token when auth is on: the URL has no user."""
 _AUTH_DISABLED = "authentication is not enabled"
 """etcd's answer (FAILED_PRECONDITION) to a login when auth is off."""
+MIN_ACQUIRE_BOUND = 1.0
+"""Seconds an acquire gives a silent cluster at least, however short its timeout (``try_acquire`` too): the
+budget it passes to :meth:`EtcdClient.within` is max(what is left of its deadline, this)."""
+MIN_REQUEST_SECONDS = 0.25
+"""The least a request waits inside a :meth:`EtcdClient.within` budget, however little of it is left: a healthy
+cluster answers in milliseconds, and the clean-up of an acquire that timed out (its dequeue) comes just after
+its deadline."""
 _CODE_PREFIX = re.compile(r"^(?:[A-Z_]+: )+")
 _ADDRESS_PREFIX = re.compile(r"^(?:ipv4|ipv6|unix|dns):\S+?: ")
 
@@ -130,6 +139,8 @@ class EtcdClient:
         self._current = 0
         self._token: str | None = None
         self._closed = False
+        self._budget = threading.local()
+        """``until`` (``time.monotonic()``): this thread's requests end by then (:meth:`within`)."""
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -170,7 +181,7 @@ class EtcdClient:
         stub = self.stub(index, "Auth")
         request = rpc.AuthenticateRequest(name=self._user, password=self._password)
         try:
-            token = str(stub.Authenticate(request, timeout=self.timeout).token)
+            token = str(stub.Authenticate(request, timeout=self.seconds()).token)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise ConfigError(
@@ -258,14 +269,36 @@ class EtcdClient:
                 with self._mutex:
                     self._current = index
 
+    @contextlib.contextmanager
+    def within(self, seconds: float | None) -> Iterator[None]:
+        """This thread's requests in the block share one budget of ``seconds`` (``None``: no budget): each waits
+        at most the timeout option and what is left of the budget (at least :data:`MIN_REQUEST_SECONDS`), so
+        that an operation of several requests against an unresponsive cluster fails by about its deadline
+        rather than after one timeout per request. Other threads (keepalives, watches) are not affected."""
+        previous = getattr(self._budget, "until", None)
+        self._budget.until = None if seconds is None else time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            self._budget.until = previous
+
+    def seconds(self, timeout: float | None = None) -> float:
+        """How long the next request of this thread may wait: ``timeout`` (default: the timeout option), cut to
+        what is left of a :meth:`within` budget."""
+        seconds = timeout or self.timeout
+        until = getattr(self._budget, "until", None)
+        if until is not None:
+            seconds = min(seconds, max(MIN_REQUEST_SECONDS, until - time.monotonic()))
+        return seconds
+
     def _scheme(self) -> str:
         return "etcd" if self._credentials is None else "etcds"
 
     def call(self, service: str, method: str, request: Any, timeout: float | None = None) -> Any:
-        """One unary RPC, failing over to the next member on UNAVAILABLE."""
-        seconds = timeout or self.timeout
+        """One unary RPC, failing over to the next member on UNAVAILABLE (each try within :meth:`seconds`)."""
         return self.failover(
-            service, lambda stub, metadata: getattr(stub, method)(request, timeout=seconds, metadata=metadata)
+            service,
+            lambda stub, metadata: getattr(stub, method)(request, timeout=self.seconds(timeout), metadata=metadata),
         )
 
     def guarded(self, what: str, fn: Callable[[], T]) -> T:
@@ -314,10 +347,9 @@ class EtcdClient:
         A TTL <= 0 means the lease is gone.
         """
         request = rpc.LeaseKeepAliveRequest(ID=lease_id)
-        seconds = timeout or self.timeout
 
         def once(stub: Any, metadata: Any) -> int:
-            call = stub.LeaseKeepAlive(iter([request]), timeout=seconds, metadata=metadata)
+            call = stub.LeaseKeepAlive(iter([request]), timeout=self.seconds(timeout), metadata=metadata)
             try:
                 for response in call:
                     return int(response.TTL)

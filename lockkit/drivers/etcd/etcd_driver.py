@@ -66,11 +66,11 @@ from ...errors import BackendUnavailable, LockError
 from ...lease import token_hint
 from ...urls import BackendURL
 from . import wire
-from .client import EtcdClient, range_op, rpc
+from .client import MIN_ACQUIRE_BOUND, EtcdClient, range_op, rpc
 from .config import EtcdOptions, open_client
 from .keys import name_range
 from .presence import PresenceRecords
-from .session import Held, Sessions
+from .session import REVOKE_TIMEOUT, Held, Sessions
 from .waiter import Queue, State, Waiter
 from .watch import Watcher
 
@@ -109,6 +109,16 @@ class EtcdDriver:
 
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
+    ) -> Grant | None:
+        # The acquire's requests share one budget (about the deadline, at least MIN_ACQUIRE_BOUND): against a
+        # silent cluster the session's keepalive and the create then fail by about the deadline, not after one
+        # timeout each (docs/semantics.md). A wait with no deadline keeps the per-request timeout only.
+        budget = None if deadline is None else max(deadline - self._clock(), MIN_ACQUIRE_BOUND)
+        with self._client.within(budget):
+            return self._acquire(name, token, ttl, deadline, cancel)
+
+    def _acquire(
+        self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None
     ) -> Grant | None:
         for _ in range(100):  # a re-queue happens only when our queued key vanished (lease revoked, deleted)
             if cancel is not None and cancel.cancelled:
@@ -252,5 +262,7 @@ class EtcdDriver:
 
     def close(self) -> None:
         self._watcher.close()
-        self._sessions.close()
+        # The revokes share one bound: a silent cluster costs about REVOKE_TIMEOUT in all, not that per TTL in use.
+        with self._client.within(REVOKE_TIMEOUT):
+            self._sessions.close()
         self._client.close()

@@ -39,9 +39,9 @@ from ...driver import Cancel, Grant, LeaseEvents, PermitInfo, PermitMode, RenewR
 from ...errors import BackendUnavailable
 from ...timing import Clock
 from ..embedded.permits import limit_mismatch
-from .client import EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
+from .client import MIN_ACQUIRE_BOUND, EtcdClient, cmp_created, delete_op, grpc, range_op, rpc
 from .keys import name_range
-from .session import Held, Session, Sessions
+from .session import REVOKE_TIMEOUT, Held, Session, Sessions
 from .watch import Watch, Watcher
 
 __all__ = ["EtcdPermits"]
@@ -120,6 +120,21 @@ class EtcdPermits:
         limit: int,
         mode: PermitMode,
         cancel: Cancel | None = None,
+    ) -> Grant | None:
+        # One budget for the acquire's requests, as the lock driver's acquire (E-8).
+        budget = None if deadline is None else max(deadline - self._clock(), MIN_ACQUIRE_BOUND)
+        with self._client.within(budget):
+            return self._acquire_permit(name, token, ttl, deadline, limit, mode, cancel)
+
+    def _acquire_permit(
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        deadline: float | None,
+        limit: int,
+        mode: PermitMode,
+        cancel: Cancel | None,
     ) -> Grant | None:
         for _ in range(100):  # again only when our queued key vanished (its lease revoked or expired)
             if cancel is not None and cancel.cancelled:
@@ -337,4 +352,5 @@ class EtcdPermits:
         return len(_holding(_entries(reply.prev_kvs)))
 
     def close(self) -> None:
-        self._sessions.close()
+        with self._client.within(REVOKE_TIMEOUT):  # the revokes share one bound, as the lock driver's close
+            self._sessions.close()

@@ -17,14 +17,22 @@ This file is the source of both faces: ``scripts/unasync.py`` generates ``../_sy
 * Between statements every session's socket is watched (:class:`.primitives.Watch`): the server writes to an
   idle session only to end it, so a readable idle socket triggers a heartbeat at once, and a restart or
   ``pg_terminate_backend`` is reported before the server can grant the locks again.
+* Every statement is bounded (:meth:`AsyncPostgresDriver._exec`): by the ``timeout`` option, and an acquire's
+  by what is left of its deadline (at least :data:`MIN_ACQUIRE_BOUND`). A server that accepts TCP but does
+  not answer (paused, stalled, a blackholed path: the kernel still acknowledges, so neither keepalives nor
+  ``tcp_user_timeout`` fire) then gets its session cut, never waited on: the socket is shut for reading, so
+  the session is never used again and no late reply is read as another statement's. The socket itself stays
+  open until the session's leases' deadlines: lockkit never ends a session whose locks a holder may still
+  trust (the server would hand them to someone else if it ran again meanwhile).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import psycopg
 from psycopg import AsyncConnection
@@ -48,6 +56,13 @@ GRANT_TRIES = 3
 SPARE_SESSIONS = 2
 """Sessions holding nothing that are kept open for the next acquire; more (left by a burst of waiters) close."""
 
+MIN_ACQUIRE_BOUND = 1.0
+"""Seconds an acquire gives an unanswering server at least, however short its timeout (``try_acquire`` too):
+below that a healthy server under load would be taken for a dead one (docs/semantics.md)."""
+
+UNBOUNDED = math.inf
+"""A statement's limit when it may wait for ever (a wait with no deadline, which the caller asked for)."""
+
 
 @dataclass(eq=False)
 class _Session:
@@ -65,6 +80,10 @@ class _Session:
     watch: Watch | None = None
     """The session's socket watched between statements (see :meth:`AsyncPostgresDriver._on_readable`)."""
     dead: bool = False
+    deadlines: dict[str, float] = field(default_factory=dict)
+    """Token -> the instant (driver clock) its lease on this session was last granted or renewed until: lockkit
+    never ends the session itself before the latest of its leases' (a session cut for want of an answer keeps
+    its socket open until then)."""
 
     @property
     def idle(self) -> bool:
@@ -81,6 +100,11 @@ class _Held:
 
 class _Retry(Exception):
     """The session picked turned out dead before the lock was taken: pick another."""
+
+
+class _NoAnswer(psycopg.OperationalError):
+    """A statement outlived its bound: its session was cut, and counts as broken (so the handlers of a broken
+    connection, which look at ``conn.broken``, bury it)."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -138,11 +162,19 @@ class AsyncPostgresDriver:
             f"cannot connect to PostgreSQL at {self._shown}: {text}. Is the server running and the URL right?"
         )
 
-    async def _open(self) -> _Session:
+    async def _open(self, limit: float | None = None) -> _Session:
+        """A new session, its connect and checks bounded by ``limit`` s (``None``: the timeout option); libpq
+        counts a connect_timeout in whole seconds, at least 2."""
+        bound = self._options.timeout if limit is None else limit
+        started = self._clock()
         try:
-            conn = await AsyncConnection.connect(**self._params)
+            conn = await AsyncConnection.connect(**{**self._params, "connect_timeout": max(2, math.ceil(bound))})
         except psycopg.Error as exc:
             raise self._connect_error(exc) from None
+        s = _Session(conn, 0)
+        s.watch = watch = self._background.watch(conn, lambda: self._on_readable(s))
+        s.busy += 1  # the checks' replies are not news
+        ticket = watch.before(bound - (self._clock() - started))
         try:
             cur = await conn.execute(self._sql.session_info)
             row = await cur.fetchone()
@@ -167,28 +199,65 @@ class AsyncPostgresDriver:
             if not self._table_ready:
                 await self._ensure_table(conn)
         except psycopg.Error as exc:
+            watch.close()
             await conn.close()
+            if watch.expired:
+                raise self._unanswered("open a session", bound) from None
             raise self._translate(exc, "open a session") from None
         except BaseException:
+            watch.close()
             await conn.close()
             raise
-        s = _Session(conn, pid)
-        s.watch = self._background.watch(conn, lambda: self._on_readable(s))
+        finally:
+            watch.after(ticket)
+            s.busy -= 1
+        s.pid = pid
         return s
 
-    async def _exec(self, s: _Session, sql: str, params: Any = None) -> Any:
-        """Run one statement on ``s``; its reply is not taken for the server ending the session."""
+    def _unanswered(self, what: str, limit: float | None) -> BackendUnavailable:
+        within = "in time" if limit is None else f"within {limit:.3g} s"
+        return BackendUnavailable(
+            f"PostgreSQL at {self._shown} did not answer {within} to {what}: lockkit gave up that session (it "
+            "ends, with any lock the server grants it, once no lease on it can still be trusted). Check that the "
+            "server is running and not stalled (paused, overloaded, out of disk) and that the network path to it "
+            "is up, then retry"
+        )
+
+    async def _exec(self, s: _Session, sql: str, params: Any = None, limit: float | None = None) -> Any:
+        """Run one statement on ``s``; its reply is not taken for the server ending the session. Unanswered
+        after ``limit`` s (``None``: the timeout option; :data:`UNBOUNDED`: no bound), the session is cut (never
+        used again) and :class:`_NoAnswer` raised; a reply that came in the same instant is not trusted either.
+        The cost on the hot path is a timer (asyncio) or a list append read by the watcher thread (blocking)."""
+        bound = self._options.timeout if limit is None else limit
         with self._state:
             s.busy += 1
-        if s.watch is not None:
-            s.watch.before()
+        watch = s.watch
+        ticket = None if watch is None else watch.before(None if bound == UNBOUNDED else bound)
         try:
-            return await s.conn.execute(sql, params)
-        finally:
-            with self._state:
-                s.busy -= 1
-            if s.watch is not None:
-                s.watch.after()
+            try:
+                cur = await s.conn.execute(sql, params)
+            finally:
+                with self._state:
+                    s.busy -= 1
+                if watch is not None:
+                    watch.after(ticket)
+        except psycopg.Error:
+            if watch is None or not watch.expired:
+                raise
+        else:
+            if watch is None or not watch.expired:
+                return cur
+        await self._cut_off(s, bound)
+
+    async def _cut_off(self, s: _Session, bound: float) -> NoReturn:
+        """The statement on ``s`` outlived ``bound`` and its socket was shut for reading: raise. If the reply beat
+        the cut, libpq is made to read the end of the stream too, so that the connection counts as broken
+        (libpq then drops its descriptor without a word to the server: the session lives on, with its locks,
+        until the watch's duplicate closes, see :meth:`_bury`)."""
+        if not s.conn.broken:
+            with contextlib.suppress(Exception):  # the expected outcome: "server closed the connection"
+                s.conn.pgconn.consume_input()
+        raise _NoAnswer(f"PostgreSQL did not answer within {bound:.3g} s, so lockkit gave up the session") from None
 
     def _on_readable(self, s: _Session) -> None:
         """The socket of ``s`` has something to read with no statement of ours in flight: the server is almost
@@ -267,8 +336,9 @@ class AsyncPostgresDriver:
             s.keys.add(key)
         s.waiting = waiting
 
-    async def _session_for(self, key: int | None, waiting: bool = False) -> _Session:
-        """A session claimed for ``key`` (``None``: any session, for a query), opened if none is free."""
+    async def _session_for(self, key: int | None, waiting: bool = False, limit: float | None = None) -> _Session:
+        """A session claimed for ``key`` (``None``: any session, for a query), opened (within ``limit`` s) if none
+        is free."""
         self._check_open()
         with self._state:
             s = self._claim(key, waiting)
@@ -282,7 +352,7 @@ class AsyncPostgresDriver:
         if s is not None:
             return s
         try:
-            s = await self._open()
+            s = await self._open(limit)
         finally:
             with self._state:
                 self._opening -= 1
@@ -324,7 +394,13 @@ class AsyncPostgresDriver:
         for token in lost:
             self._events.lost(token, reason)
         if s.watch is not None:
-            s.watch.close()
+            # A session we cut (no answer in time) ends only when its socket closes: not before its leases'
+            # deadlines, so a server that answers again meanwhile cannot grant their locks to another client
+            # while a holder may still be trusting them.
+            # (All its leases' deadlines, not only those reported here: two burials may race, and the first
+            # reports them all.)
+            until = max(s.deadlines.values(), default=0.0)
+            s.watch.close(max(0.0, until - self._clock()) if s.watch.expired else 0.0)
         with contextlib.suppress(Exception):  # closing a broken connection has nothing left to report
             await s.conn.close()
 
@@ -339,11 +415,14 @@ class AsyncPostgresDriver:
     ) -> Grant | None:
         key = advisory_key(self._ns, name)
         params = {"ns": self._ns, "name": name, "key": key, "hint": token_hint(token)}
+        # The acquire's own budget: the connect and the try share it, so an unanswering server is reported by
+        # about the deadline (at least MIN_ACQUIRE_BOUND from now), not by a timeout per step.
+        until = None if deadline is None else max(deadline, self._clock() + MIN_ACQUIRE_BOUND)
         for _ in range(GRANT_TRIES):
-            s = await self._session_for(key)
+            s = await self._session_for(key, limit=self._left(until))
             sent_at = self._clock()
             try:
-                row = await self._grant(s, self._sql.try_grant, params, key, None)
+                row = await self._grant(s, self._sql.try_grant, params, key, None, self._left(until))
             except _Retry:
                 continue
             if row is not None:
@@ -360,11 +439,15 @@ class AsyncPostgresDriver:
                 return None
             # lock_timeout is the deadline, counted by the server from the moment it queues us; 0 waits forever.
             limit = "0" if deadline is None else f"{max(1, int((deadline - now) * 1000))}ms"
-            s = await self._session_for(key, waiting=True)
+            s = await self._session_for(key, waiting=True, limit=self._left(until))
             unhook = self._background.on_cancel(cancel, s.conn)
             sent_at = self._clock()
+            # The server ends the wait at the deadline itself (lock_timeout); the statement is cut only if it
+            # is still unanswered a whole timeout later (its fence bump may wait for the name's row, which
+            # other grants hold for a moment, and lock_timeout does not cover that wait).
+            wait_for = UNBOUNDED if deadline is None else max(0.0, deadline - self._clock()) + self._options.timeout
             try:
-                row = await self._grant(s, self._sql.wait_grant, params, key, limit)
+                row = await self._grant(s, self._sql.wait_grant, params, key, limit, wait_for)
             except _Retry:
                 continue
             finally:
@@ -376,24 +459,41 @@ class AsyncPostgresDriver:
                 s.waiting = False
             return self._hold(token, name, key, row[0], s, ttl, sent_at)
 
+    def _left(self, until: float | None, what: str = "take a lock") -> float:
+        """Seconds a step of an acquire may take: the timeout option, or less if the acquire's budget (``until``)
+        ends sooner; a budget spent (by sessions found dead) is a BackendUnavailable."""
+        if until is None:
+            return self._options.timeout
+        left = until - self._clock()
+        if left <= 0:
+            raise self._unanswered(what, None)
+        return min(self._options.timeout, left)
+
     def _hold(self, token: str, name: str, key: int, fence: int, s: _Session, ttl: float, sent_at: float) -> Grant:
         with self._state:
             self._leases[token] = _Held(name, key, fence, s)
+            s.deadlines[token] = sent_at + ttl
         return Grant(fence, ttl, sent_at)
 
     async def _grant(
-        self, s: _Session, sql: str, params: dict[str, Any], key: int, lock_timeout: str | None
+        self, s: _Session, sql: str, params: dict[str, Any], key: int, lock_timeout: str | None, limit: float
     ) -> tuple[int, int] | None:
-        """Run a grant statement on ``s`` (claimed for ``key``): its row if the lock was taken, else ``None``.
+        """Run a grant statement on ``s`` (claimed for ``key``), bounded by ``limit`` s: its row if the lock was
+        taken, else ``None``.
 
         Whatever fails after the lock call may have left the lock held by ``s`` (session locks survive the
-        failed transaction), so every failure but a dead connection or a lock timeout unlocks it again.
+        failed transaction), so every failure but a dead connection or a lock timeout unlocks it again; a
+        statement cut for want of an answer is raised as BackendUnavailable, and its session (with whatever
+        the server may yet grant it) is closed.
         """
         try:
             if lock_timeout is not None:
-                await self._exec(s, self._sql.set_lock_timeout, (lock_timeout,))
-            cur = await self._exec(s, sql, params)
+                await self._exec(s, self._sql.set_lock_timeout, (lock_timeout,), min(self._options.timeout, limit))
+            cur = await self._exec(s, sql, params, limit)
             row = await cur.fetchone()
+        except _NoAnswer:
+            await self._bury(s, "PostgreSQL did not answer in time: lockkit gave up the session")
+            raise self._unanswered("take a lock", limit) from None
         except pg_errors.LockNotAvailable:
             self._unclaim(s, key)  # lock_timeout: the server took us off its queue, nothing was granted
             return None
@@ -479,6 +579,8 @@ class AsyncPostgresDriver:
                 for i in indexes:
                     held = self._leases.get(requests[i].token)
                     results[i] = None if held is None else Grant(held.fence, requests[i].ttl, sent_at)
+                    if held is not None:
+                        s.deadlines[requests[i].token] = sent_at + requests[i].ttl
         return results
 
     # -- release -------------------------------------------------------------------------------
@@ -506,6 +608,7 @@ class AsyncPostgresDriver:
             raise self._translate(exc, "release a lock") from None
         with self._state:
             self._leases.pop(token, None)
+            s.deadlines.pop(token, None)
             s.keys.discard(held.key)
         await self._trim(s)
         return bool(row is not None and row[0])

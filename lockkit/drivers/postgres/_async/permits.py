@@ -40,7 +40,7 @@ from ...embedded.permits import limit_mismatch
 from ..facts import ACL_HINT
 from ..keys import permit_key
 from ..permit_sql import PermitStatements
-from .driver import GRANT_TRIES, AsyncPostgresDriver, _first_line, _Held, _Retry, _Session
+from .driver import GRANT_TRIES, MIN_ACQUIRE_BOUND, AsyncPostgresDriver, _first_line, _Held, _NoAnswer, _Retry, _Session
 
 __all__ = ["AsyncPostgresPermits"]
 
@@ -165,23 +165,30 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             ttls.append(ttl)
         return _ms(max(ttls)) if ttls else "0"
 
-    async def _exec_many(self, s: _Session, sql: str, params: dict[str, Any]) -> Any:
+    async def _exec_many(self, s: _Session, sql: str, params: dict[str, Any], limit: float | None = None) -> Any:
         """Run several statements in one round trip (one implicit transaction); the cursor of the last."""
         with self._state:
             s.busy += 1
-        if s.watch is not None:
-            s.watch.before()
+        watch, bound = s.watch, self._options.timeout if limit is None else limit
+        ticket = None if watch is None else watch.before(bound)  # bounded as _exec's statements are
         try:
-            cur = AsyncClientCursor(s.conn)
-            await cur.execute(sql, params)
-            while cur.nextset():
-                pass
-            return cur
-        finally:
-            with self._state:
-                s.busy -= 1
-            if s.watch is not None:
-                s.watch.after()
+            try:
+                cur = AsyncClientCursor(s.conn)
+                await cur.execute(sql, params)
+                while cur.nextset():
+                    pass
+            finally:
+                with self._state:
+                    s.busy -= 1
+                if watch is not None:
+                    watch.after(ticket)
+        except psycopg.Error:
+            if watch is None or not watch.expired:
+                raise
+        else:
+            if watch is None or not watch.expired:
+                return cur
+        await self._cut_off(s, bound)
 
     # -- acquire -------------------------------------------------------------------------------
 
@@ -201,11 +208,15 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
                 f"limit={limit}: use a smaller limit, or another backend"
             )
         keys = _Keys.of(self._ns, name, limit if mode == "permit" else 0)
+        # The fast path's connect and join share the acquire's budget, as a lock's try does (P-9).
+        until = None if deadline is None else max(deadline, self._clock() + MIN_ACQUIRE_BOUND)
         for _ in range(GRANT_TRIES):  # the fast path: any session not holding this name
-            s = await self._session_for(keys.claim)
+            s = await self._session_for(keys.claim, limit=self._left(until, "take a permit"))
             sent_at = self._clock()
             try:
-                row = await self._join(s, keys, mode, ttl, join=True, leave=True)
+                row = await self._join(
+                    s, keys, mode, ttl, join=True, leave=True, limit=self._left(until, "take a permit")
+                )
             except _Retry:
                 continue
             if row[1] is not None:
@@ -268,7 +279,9 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             sent_at = self._clock()
             try:
                 await self._exec(s, self._sql.set_lock_timeout, (f"{max(1, int(piece * 1000))}ms",))
-                cur = await self._exec(s, self._psql.wait(mode), params)
+                # The server ends the slice itself; the session is cut only if it is still unanswered a whole
+                # timeout later (the fence bump after a grant may wait for a busy row: see test P-26).
+                cur = await self._exec(s, self._psql.wait(mode), params, piece + self._options.timeout)
                 got = await cur.fetchone()
             except pg_errors.LockNotAvailable:
                 continue  # the slice ended: look at every slot again (still present: our place is kept)
@@ -288,7 +301,15 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             return self._hold_permit(token, name, keys, mode, (slot, got[0]), s, ttl, sent_at)
 
     async def _join(
-        self, s: _Session, keys: _Keys, mode: PermitMode, ttl: float, *, join: bool, leave: bool
+        self,
+        s: _Session,
+        keys: _Keys,
+        mode: PermitMode,
+        ttl: float,
+        *,
+        join: bool,
+        leave: bool,
+        limit: float | None = None,
     ) -> tuple[int, int | None]:
         """The join statement on ``s``: ``(slot, fence)`` if granted, else ``(the slot to queue on, None)``."""
         idle_now = self._idle(s)  # if nothing is granted: the timeout its other permits (and joins) need
@@ -299,10 +320,10 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         try:
             row = None
             if keys.params["name"] in self._known:
-                cur = await self._exec(s, self._psql.fast(mode, join), params)
+                cur = await self._exec(s, self._psql.fast(mode, join), params, limit)
                 row = await cur.fetchone()
             if row is None or not row[1]:  # a name new to us, or another limit: the full join
-                cur = await self._exec_many(s, self._psql.join(mode), params)
+                cur = await self._exec_many(s, self._psql.join(mode), params, limit)
                 row = await cur.fetchone()
             granted = row is not None and bool(row[1]) and row[2] is not None
         except psycopg.Error as exc:
@@ -333,6 +354,9 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
     async def _failed(self, s: _Session, keys: _Keys, exc: psycopg.Error) -> NoReturn:
         """A statement failed: a dead session is buried (``_Retry``: try another); anything else undoes what
         the statement may have taken (session locks outlive a failed transaction) and is raised."""
+        if isinstance(exc, _NoAnswer):  # no retry on another session: the server is what does not answer
+            await self._bury(s, "PostgreSQL did not answer in time: lockkit gave up the session")
+            raise self._unanswered("take a permit", None) from None
         if s.conn.broken or s.conn.closed:
             await self._bury(s, f"the PostgreSQL session ended: {self._redacted(_first_line(exc))}")
             raise _Retry from None
@@ -372,6 +396,7 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
         held = _Permit(name, keys.claim, fence, s, mode, ttl, keys.held_key(mode, slot), presence)
         with self._state:
             self._leases[token] = held
+            s.deadlines[token] = sent_at + ttl
             if joined:
                 self._drop_pending(s, ttl)
         return Grant(fence, ttl, sent_at)
@@ -416,6 +441,7 @@ class AsyncPostgresPermits(AsyncPostgresDriver):
             raise self._translate(exc, "release a permit") from None
         with self._state:
             self._leases.pop(token, None)
+            s.deadlines.pop(token, None)
             s.keys.discard(held.key)
         await self._trim(s)
         return bool(row is not None and row[0])

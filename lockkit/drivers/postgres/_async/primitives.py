@@ -8,7 +8,10 @@ is its blocking twin, with the same names).
   :class:`~lockkit.driver.Cancel` fired from another thread cancels the session's running query;
 * :class:`Watch`: a session's socket watched between statements, so that a session the server ends (a
   restart, ``pg_terminate_backend``) is noticed at once rather than at the next heartbeat. It watches a
-  duplicate of the socket's descriptor, so that psycopg's own reader on the original is left alone.
+  duplicate of the socket's descriptor, so that psycopg's own reader on the original is left alone. It also
+  bounds each statement (:meth:`Watch.before`): one not answered in time has its socket shut down, which
+  psycopg's wait sees at once as the end of the connection (a timer on the event loop; no thread, and no
+  round trip: a cancel request would need the server that is not answering).
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class Watch:
         self._sock = socket.socket(fileno=os.dup(fd))
         self._fd = self._sock.fileno()
         self._closed = False
+        self.expired = False
+        """A statement outlived its bound and the socket was shut down: the session is unusable from then on."""
         loop.add_reader(self._fd, readable)
 
     def pause(self) -> None:
@@ -97,12 +102,27 @@ class Watch:
         if not self._closed:
             self._loop.add_reader(self._fd, self._readable)
 
-    def before(self) -> None:
+    def before(self, limit: float | None) -> asyncio.TimerHandle | None:
         """A statement starts: its reply will make the socket readable, which the driver ignores while the
-        session is busy (cheaper than taking the reader out and back for every statement)."""
+        session is busy (cheaper than taking the reader out and back for every statement). Unless it ends
+        within ``limit`` seconds (``None``: no bound) the socket is shut down (:meth:`cut`). Returns the ticket
+        for :meth:`after`."""
+        if limit is None:
+            return None
+        return self._loop.call_later(max(0.0, limit), self.cut)
 
-    def after(self) -> None:
+    def after(self, ticket: asyncio.TimerHandle | None) -> None:
         """The statement ended (see :meth:`before`)."""
+        if ticket is not None:
+            ticket.cancel()
+
+    def cut(self) -> None:
+        """Shut the session's socket for reading: psycopg's wait for the reply ends at once with the end of the
+        stream (a broken connection, never used again). Nothing is sent to the server, which keeps the
+        session and its locks until the socket closes (:meth:`close`)."""
+        self.expired = True
+        with contextlib.suppress(OSError):  # already closed: nothing left to cut
+            self._sock.shutdown(socket.SHUT_RD)
 
     def pending(self) -> bool:
         """Whether the socket has bytes (or its end) waiting unread, right now; never reads them."""
@@ -114,10 +134,15 @@ class Watch:
             return True  # a socket in error: the session is gone, which the check will find
         return True  # a byte, or b"" at the end of the stream
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Stop watching; the duplicate (and with it the socket, once psycopg closed its own descriptor) closes
+        after ``linger`` seconds, which is when the server learns that the session ended."""
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(Exception):  # a loop already closed has no reader left
             self._loop.remove_reader(self._fd)
-        self._sock.close()
+        if linger > 0:
+            self._loop.call_later(linger, self._sock.close)
+        else:
+            self._sock.close()

@@ -6,7 +6,10 @@ is its asyncio twin, with the same names).
   :class:`~lockkit.driver.Cancel` cancels the session's running query from the thread that fires it;
 * :class:`Watch`: a session's socket watched between statements by one thread per driver (started with the
   first session), so that a session the server ends is noticed at once; it watches a duplicate of the
-  socket's descriptor and never reads from it.
+  socket's descriptor and never reads from it. The same thread bounds each statement (:meth:`Watch.before`):
+  one not answered in time has its socket shut down, which the caller's blocking wait in psycopg sees at once
+  as the end of the connection (closing the connection from another thread would free it under the caller;
+  a cancel request would need the server that is not answering).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ __all__ = ["Background", "StateLock", "Watch"]
 
 BUSY_PAUSE = 0.001
 """Seconds the watcher rests after a wake-up, so that a socket readable again at once cannot make it spin."""
+
+IDLE_POLL = 1.0
+"""Seconds the watcher waits at most between looks at the statements' bounds (an earlier bound wakes it)."""
 
 P = ParamSpec("P")
 
@@ -100,6 +106,10 @@ class Watch:
         self._lock = threading.Lock()
         self._holds = 0
         self._closed = False
+        self._bounds: list[float] = []
+        """When each statement in flight must have ended (``time.monotonic()``), else the socket is cut."""
+        self.expired = False
+        """A statement outlived its bound and the socket was shut down: the session is unusable from then on."""
         self._watcher.add(self)
 
     def pause(self) -> None:
@@ -114,20 +124,62 @@ class Watch:
             if self._holds == 0 and not self._closed:
                 self._watcher.arm(self, True)
 
-    before = pause
-    after = resume
+    def before(self, limit: float | None) -> float | None:
+        """A statement starts: out of the watcher (see the class), and its socket is shut down (:meth:`cut`)
+        unless it ends within ``limit`` seconds (``None``: no bound). Returns the ticket for :meth:`after`."""
+        self.pause()
+        if limit is None:
+            return None
+        until = time.monotonic() + max(0.0, limit)
+        with self._lock:
+            self._bounds.append(until)
+        self._watcher.bound(until)
+        return until
+
+    def after(self, ticket: float | None) -> None:
+        """The statement ended (see :meth:`before`)."""
+        if ticket is not None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._bounds.remove(ticket)
+        self.resume()
+
+    def due(self, now: float) -> float | None:
+        """The earliest bound of the statements in flight (``None``: none), after cutting the socket if one
+        has passed by ``now``."""
+        with self._lock:
+            if not self._bounds:
+                return None
+            first = min(self._bounds)
+        if first <= now and not self.expired:
+            self.cut()
+        return first
+
+    def cut(self) -> None:
+        """Shut the session's socket for reading: the caller's wait in psycopg ends at once with the end of the
+        stream (a broken connection, never used again). Nothing is sent to the server, which keeps the
+        session and its locks until the socket closes (:meth:`close`)."""
+        self.expired = True
+        with contextlib.suppress(OSError):  # already closed: nothing left to cut
+            self._sock.shutdown(socket.SHUT_RD)
 
     def pending(self) -> bool:
         """Whether the socket has bytes (or its end) waiting unread, right now; never reads them."""
         return _pending(self._sock)
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Stop watching; the duplicate (and with it the socket, once psycopg closed its own descriptor) closes
+        after ``linger`` seconds, which is when the server learns that the session ended."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._watcher.forget(self)
-        self._sock.close()
+        if linger > 0:
+            timer = threading.Timer(linger, self._sock.close)
+            timer.daemon = True
+            timer.start()
+        else:
+            self._sock.close()
 
 
 class _Watcher:
@@ -147,6 +199,8 @@ class _Watcher:
             assert self._selector is not None
             self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
+        self._wake_at = float("inf")
+        """When the thread looks at the bounds next (``inf`` while it is computing that): an earlier bound wakes it."""
         self._thread = threading.Thread(target=self._run, name="lockkit-postgres-watch", daemon=True)
         self._thread.start()
 
@@ -177,6 +231,25 @@ class _Watcher:
                 assert self._selector is not None
                 self._selector.unregister(watch.fd)
 
+    def bound(self, until: float) -> None:
+        """A statement must end by ``until``: wake the thread if it would look later than that (rarely: a
+        bound is usually the driver's timeout from now, later than the thread's next look)."""
+        if until < self._wake_at:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"b")
+
+    def _timeout(self) -> float:
+        """Cut every socket whose statement outlived its bound; the seconds until the next bound is due."""
+        self._wake_at = float("inf")  # a bound added while we look wakes the poll below at once
+        now = time.monotonic()
+        nearest = now + IDLE_POLL
+        for watch in list(self._watches.values()):
+            due = watch.due(now)
+            if due is not None and now < due < nearest:
+                nearest = due
+        self._wake_at = nearest
+        return nearest - now
+
     def stop(self) -> None:
         self._stopping = True
         with contextlib.suppress(BlockingIOError, OSError):
@@ -185,10 +258,11 @@ class _Watcher:
             self._thread.join(5)
 
     def _ready(self) -> list[int]:
+        timeout = self._timeout()
         if self._epoll is not None:
-            return [fd for fd, _ in self._epoll.poll(1.0)]
+            return [fd for fd, _ in self._epoll.poll(timeout)]
         assert self._selector is not None
-        return [key.fd for key, _ in self._selector.select(1.0)]
+        return [key.fd for key, _ in self._selector.select(timeout)]
 
     def _run(self) -> None:
         try:
