@@ -63,7 +63,10 @@ class PostgresOptions:
                     f"got {getattr(self, option)!r}"
                 )
         if not 0 < self.timeout <= 300:
-            raise ConfigError(f"timeout must be between 0 and 300 seconds, got {self.timeout!r}; set one in that range")
+            raise ConfigError(
+                f"timeout must be above 0 and at most 300 seconds, got {self.timeout!r}; set one in that range, "
+                "e.g. timeout=5 (the default)"
+            )
         if not 2 <= self.max_sessions <= 10_000:
             raise ConfigError(
                 f"max_sessions must be between 2 and 10000, got {self.max_sessions!r}; set one in that range"

@@ -47,7 +47,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 
 from ...driver import Grant, HolderInfo
 from ...errors import BackendUnavailable
@@ -140,8 +140,20 @@ def holder_info(reply: Any, epoch: int | None = None) -> HolderInfo:
 
 def checked(reply: Any, label: str, what: str) -> Any:
     if isinstance(reply, ResponseError):
-        raise BackendUnavailable(f"redis {label} refused the {what} script: {reply}; check the user's ACL")
+        raise BackendUnavailable(f"redis {label} refused the {what} script: {reply}; {refusal_advice(reply)}")
     return reply
+
+
+def refusal_advice(reply: ResponseError) -> str:
+    """What to do about a script the server refused, by its error: the advice for a full server is not an ACL's."""
+    if isinstance(reply, OutOfMemoryError) or str(reply).startswith("OOM"):
+        return (
+            "the server is at its maxmemory and refuses writes: free memory or raise maxmemory (keep "
+            "maxmemory-policy noeviction, so that lock keys are never evicted), then retry"
+        )
+    if isinstance(reply, NoPermissionError) or str(reply).startswith("NOPERM"):
+        return "the user's ACL does not allow it: grant the commands and keys of docs/backends/redis.md's ACL rule"
+    return "check the user's ACL and the server's log"
 
 
 def recheck_after(pttl_ms: int, ttl: float) -> float:
