@@ -77,7 +77,7 @@ def test_holder_shows_the_hint_fence_and_waiters(postgres_server: PostgresServer
     [
         ("tabel=x", "unknown option 'tabel'"),
         ("table=x;drop", "plain SQL identifier"),
-        ("timeout=0", "timeout must be between"),
+        ("timeout=0", "timeout must be above 0"),
         ("max_sessions=1", "max_sessions must be between"),
     ],
 )
