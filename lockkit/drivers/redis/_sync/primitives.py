@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from ....driver import Cancel
-from ....workers import Workers
 from ..hub import Hub, LoopThread, Snapshot
 from ..pool import ConnectionPool
 from ..watch import SyncWatcher
@@ -24,10 +23,6 @@ __all__ = ["Background", "ConnectionPool", "pause"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-_cleanups = Workers(2, "lockkit-redis-cleanup")
-"""The workers of :meth:`Background.clean_up_later`, shared by every blocking Redis driver of the process."""
 
 
 def pause(seconds: float) -> None:
@@ -60,7 +55,7 @@ class Background:
         step(*args, **kwargs)
 
     def clean_up_later(self, step: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
-        """Run ``step(*args, **kwargs)`` on a worker thread: the clean-up after an error (most often an unresponsive
+        """Run ``step(*args, **kwargs)`` on a thread of its own: the clean-up after an error (most often an unresponsive
         server, which the clean-up would wait out too), so that the caller hears of the error at once."""
         def run() -> None:
             try:
@@ -72,7 +67,13 @@ class Background:
 
         with self._done:
             self._later += 1
-        _cleanups.submit(run)
+        # A thread of its own, which ends with the clean-up: they are rare (after errors), and a pool's threads
+        # would stay for the life of the process.
+        thread = threading.Thread(target=run, name="lockkit-redis-cleanup", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no new thread (the interpreter is shutting down): in the caller's, as before
+            run()
 
     def listen(self, hub: Hub, channel: bytes, wake: Callable[[bytes], None]) -> None:
         """Keep ``wake`` registered on ``hub``'s ``channel`` until the hub closes (Sentinel: ``+switch-master``);
