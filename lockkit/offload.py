@@ -278,7 +278,6 @@ class Offload:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T | None] = loop.create_future()
         call = _Call(fn, args, loop, future, lambda grant: self._give_back(grant, give_back))
-        call.finished = loop.create_future()
         try:
             self._waits.submit(call)
             # Not shielded (a shield costs a future and a turn of the loop per call): a cancelled await
@@ -290,6 +289,9 @@ class Offload:
             try:
                 call.start.pop()
             except IndexError:  # started: the worker answers for the grant, or has already answered
+                # Made only now (an uncancelled call pays nothing for it), before the claim below: if the claim
+                # is ours, the worker pops after us and reads ``finished`` after that, in its ``finally``.
+                finished = call.finished = loop.create_future()
                 try:
                     call.answer.pop()
                 except IndexError:  # it answered (finished) already: its outcome is here to clean up
@@ -304,7 +306,7 @@ class Offload:
                     # that raced the cancel. Return after that, as docs/semantics.md promises ("removes whatever
                     # it queued before returning"), within CANCEL_WAIT; asyncio.wait neither cancels the future
                     # nor swallows a second cancellation of this task.
-                    await asyncio.wait({call.finished}, timeout=CANCEL_WAIT)
+                    await asyncio.wait({finished}, timeout=CANCEL_WAIT)
             raise
 
     @staticmethod
