@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
@@ -123,8 +123,10 @@ def test_L8_a_release_after_the_failed_first_attempt_and_before_the_subscription
         fan_out = waiter._fan_out
         released: list[bool] = []
 
-        def undo_then_release(calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
-            results = fan_out(calls, idempotent)
+        def undo_then_release(
+            calls: Sequence[Call], idempotent: bool, enough: Callable[[Sequence[NodeResult]], bool] | None = None
+        ) -> list[NodeResult]:
+            results = fan_out(calls, idempotent, enough)
             if not released and len(calls) == 2 and calls[0].script is RELEASE:  # the failed attempt's undo
                 heard = [hub._heard.get(channel, 0) for hub in waiter._hubs]
                 released.append(holder.release(n, "h2"))

@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 from ...timing import drift
 
 __all__ = [
-    "FirstAttempt", "NodeResult", "Tally", "count_ok", "count_released", "count_repeated_misses", "free_in",
-    "node_result", "others_woken", "quorum", "tally_acquire", "tally_renew", "validity",
+    "UNREAD", "FirstAttempt", "NodeResult", "Tally", "Unread", "count_ok", "count_released", "count_repeated_misses",
+    "free_in", "node_result", "others_woken", "quorum", "released_quorum", "tally_acquire", "tally_renew",
+    "validity", "won_quorum",
 ]  # fmt: skip
 
 
@@ -37,8 +38,32 @@ node_result: Callable[[tuple[Sequence[Any] | BaseException, int, bool]], NodeRes
 of a named tuple (a third cheaper; a fan-out makes one per master, two fan-outs per acquire+release)."""
 
 
+class Unread(Exception):
+    """A master's reply that a fan-out did not wait for: the replies of the masters before it had decided the
+    outcome (a quorum won or released). It counts as "not reached", except that an acquire's lease keeps that
+    master's epoch, so its renewals count there (``RENEW`` is owner-checked: it says "ours" only where our ``SET``
+    took)."""
+
+
+UNREAD = Unread("not read: a quorum had answered before this master")
+
+
 def quorum(n: int) -> int:
     return n // 2 + 1
+
+
+def won_quorum(results: Sequence[NodeResult], need: int) -> bool:
+    """Whether the ``SET NX PX`` replies so far won ``need`` masters (a fan-out may stop reading then)."""
+    won = 0
+    for replies, _, _ in results:
+        if not isinstance(replies, BaseException) and replies[0] == b"OK":
+            won += 1
+    return won >= need
+
+
+def released_quorum(results: Sequence[NodeResult], need: int) -> bool:
+    """Whether the release replies so far released ``need`` masters (a fan-out may stop reading then)."""
+    return count_ok(results)[0] >= need
 
 
 def validity(ttl: float, elapsed: float) -> float:
@@ -71,7 +96,7 @@ def tally_acquire(results: Sequence[NodeResult], ttl: float, elapsed: float) -> 
     # On every acquire: one pass, each reply looked at once (no helper call per master).
     for replies, epoch, _ in results:
         if isinstance(replies, BaseException):
-            epochs.append(None)
+            epochs.append(epoch if replies is UNREAD else None)
             continue
         reply = replies[0]
         if reply == b"OK":

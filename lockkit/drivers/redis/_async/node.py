@@ -27,13 +27,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..calls import Call, pack, pack_calls, reload_plan
 from ..config import NodeSpec, NodeState, apply_hello, hello_commands
 from .connection import AsyncConnection
 from .primitives import AsyncConnectionPool
 
-__all__ = ["AsyncNode"]
+__all__ = ["SETTLE_WAIT", "AsyncNode"]
+
+SETTLE_WAIT = 0.01
+"""How long the next use of a connection waits, at most, for the replies a fan-out left unread on it to begin to
+come (:meth:`AsyncNode.settle`): a loaded machine may delay a reply by milliseconds; one that has not come by then
+is a paused or cut-off server's, which that command then does without."""
 
 
 @dataclass(slots=True)
@@ -61,6 +68,47 @@ class AsyncNode:
             raise self.state.refused
         return await self.pool.get(ready=False)
 
+    def park(self, pending: Pending) -> None:
+        """Give back ``pending``'s connection before its replies are read: a fan-out that has its quorum does not
+        wait for the slower masters (issue 17). The replies are read before the connection carries anything else
+        (:meth:`settle`), so they are never the next caller's."""
+        conn = pending.conn
+        conn.owed = (pending.calls, pending.hello)
+        self.pool.release(conn)
+
+    async def settle(self, conn: AsyncConnection, arrived: bool) -> bool:
+        """Read the replies :meth:`park` left unread on ``conn`` (``arrived``: a look at the socket just found it
+        readable), applying a hello's and running a script the server had forgotten (``NOSCRIPT``) again, as
+        :meth:`receive` does; whether ``conn`` is unusable now (a broken one is dropped, to be connected afresh).
+
+        Replies that have not begun to come within :data:`SETTLE_WAIT` (a paused or partitioned server) raise a
+        ``TimeoutError`` with ``conn`` back in the pool, still owing them: the server is not used this time,
+        and the next command looks again, rather than every command waiting out a ``timeout`` or opening yet
+        another connection to it. Interrupted, ``conn`` goes back to the pool too."""
+        owed = conn.owed
+        if owed is None:
+            return False
+        try:
+            if not arrived and not await conn.arrived(time.monotonic() + SETTLE_WAIT):
+                raise RedisTimeoutError(
+                    f"redis {self.spec.label} has not answered an earlier command within {SETTLE_WAIT * 1000:g} ms "
+                    "(paused or cut off?): not asked this time"
+                )
+        except BaseException:
+            self.pool.release(conn)
+            raise
+        conn.owed = None
+        try:
+            await self._replies(conn, owed[0], owed[1], None)
+        except (RedisError, OSError):
+            conn.drop()
+            return True
+        except BaseException:  # interrupted (a cancel, a signal): the connection goes back, dropped
+            conn.drop()
+            self.pool.release(conn)
+            raise
+        return conn.unusable()
+
     async def send(
         self,
         calls: Sequence[Call],
@@ -87,6 +135,8 @@ class AsyncNode:
             if self.state.refused is not None:
                 raise self.state.refused
             conn = await self.pool.get(ready=False)
+            if conn.owed is not None:
+                await self.settle(conn, False)
             if not conn.fit():  # one fit as it is needs no ready() (issue 17: every command's checkout)
                 try:
                     await conn.ready()  # reconnected if it died while idle, PINGed if it sat idle for long
@@ -127,22 +177,30 @@ class AsyncNode:
 
     async def _receive(self, conn: AsyncConnection, calls: Sequence[Call], hello: int, deadline: float) -> list[Any]:
         try:
-            replies = await conn.read(hello + len(calls), deadline)
-            if hello:
-                apply_hello(self.state, replies[:hello])
-                replies = replies[hello:]
-            if conn.errors:  # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most)
-                redo, commands = reload_plan(calls, replies)
-                if redo:
-                    await conn.send(pack(commands))
-                    again = await conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
-                    for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
-                        replies[index] = reply
+            replies = await self._replies(conn, calls, hello, deadline)
         except BaseException:
             conn.drop()
             self.pool.release(conn)
             raise
         self.pool.release(conn)
+        return replies
+
+    async def _replies(
+        self, conn: AsyncConnection, calls: Sequence[Call], hello: int, deadline: float | None
+    ) -> list[Any]:
+        """The replies of ``calls`` sent on ``conn`` after ``hello`` hello commands; the calls a ``NOSCRIPT`` refused
+        are run again once the script is loaded."""
+        replies = await conn.read(hello + len(calls), deadline)
+        if hello:
+            apply_hello(self.state, replies[:hello])
+            replies = replies[hello:]
+        if conn.errors:  # NOSCRIPT is an error reply: a read that got none needs no plan (issue 17: most)
+            redo, commands = reload_plan(calls, replies)
+            if redo:
+                await conn.send(pack(commands))
+                again = await conn.read(len(commands), time.monotonic() + self.spec.options.timeout)
+                for index, reply in zip(redo, again[len(commands) - len(redo) :], strict=False):
+                    replies[index] = reply
         return replies
 
     async def run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:

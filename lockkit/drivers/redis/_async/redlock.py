@@ -9,12 +9,14 @@ This file is the source of the blocking :class:`RedlockDriver` too: ``scripts/un
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ....driver import Cancel, DriverContext, Grant, Guarantees, HolderInfo, RenewRequest, one_renewal
 from ....errors import BackendUnavailable, ConfigError
@@ -28,6 +30,7 @@ from ..hub import Hub, forks, snapshot_all
 from ..keys import LockKeys, lock_keys
 from ..presence import announce_call, members_call, merge_members, parse_members, withdraw_call
 from ..quorum import (
+    UNREAD,
     FirstAttempt,
     NodeResult,
     count_ok,
@@ -36,8 +39,10 @@ from ..quorum import (
     node_result,
     others_woken,
     quorum,
+    released_quorum,
     tally_acquire,
     tally_renew,
+    won_quorum,
 )
 from ..scripts import FORCE_RELEASE, HOLDER, RELEASE, RENEW
 from ..semaphore_scripts import REDLOCK_PERMITS
@@ -76,6 +81,8 @@ class AsyncRedlockDriver:
     def __init__(self, specs: list[NodeSpec], options: RedlockOptions, ctx: DriverContext) -> None:
         self.specs, self.options, self.clock = specs, options, ctx.clock
         self.need = quorum(len(specs))
+        self._won = functools.partial(won_quorum, need=self.need)
+        self._released = functools.partial(released_quorum, need=self.need)
         self._epochs: dict[str, Epochs] = {}
         """The masters' epochs at each lease's grant: a master restarted since (perhaps without our key) does
         not count towards a renewal's quorum."""
@@ -105,7 +112,14 @@ class AsyncRedlockDriver:
         self._recent = (name, keys)
         return keys
 
-    async def _fan_out(self, calls: Sequence[Call], idempotent: bool) -> list[NodeResult]:
+    async def _fan_out(
+        self, calls: Sequence[Call], idempotent: bool, enough: Callable[[Sequence[NodeResult]], bool] | None = None
+    ) -> list[NodeResult]:
+        """``calls`` sent to every master, then every master's replies read against one deadline. With ``enough``,
+        reading stops once the replies read so far (from the first masters on) decide the outcome: the later
+        masters' replies stay unread on their connections, marked :data:`..quorum.UNREAD` in the results, and are
+        read by the next command on those connections (:meth:`AsyncNode.park`; issue 17: an acquire or release
+        waits for the quorum, not for the slowest master)."""
         nodes = self._nodes
         payload = pack_calls(calls)  # the same bytes go to every master
         conns: list[AsyncConnection | BaseException] = []
@@ -126,6 +140,12 @@ class AsyncRedlockDriver:
                     pending.append(conn)
                     continue
                 try:
+                    if conn.owed is not None:  # the replies an earlier fan-out left unread: read first
+                        try:
+                            stale[current] = await node.settle(conn, stale[current])
+                        except RedisTimeoutError as exc:  # not come yet: the connection went back, owing them
+                            pending.append(exc)
+                            continue
                     pending.append(await node.send(calls, payload, conn, stale[current]))
                 except (RedisError, OSError) as exc:
                     pending.append(exc)
@@ -145,6 +165,11 @@ class AsyncRedlockDriver:
                 if not isinstance(sent, BaseException):
                     try:
                         results.append(node_result((await node.receive(sent, deadline), node.state.epoch, False)))
+                        # Enough read to decide: the later masters' replies wait on their connections.
+                        if enough is not None and index + 1 >= self.need and enough(results) and self._park_rest(
+                            pending, results
+                        ):
+                            break
                         continue  # the usual way: nothing else per master
                     except (RedisError, OSError) as exc:
                         error: BaseException = exc
@@ -166,6 +191,23 @@ class AsyncRedlockDriver:
         if self._unverified:
             self._refuse_shared_masters()
         return results
+
+    def _park_rest(self, pending: list[Pending | BaseException], results: list[NodeResult]) -> bool:
+        """Leave the replies of the masters after ``results`` unread (see :meth:`_fan_out`), if that is safe: not
+        while some master has not yet said which server it is (the shared-masters check needs every hello). A
+        later master's epoch in the results is the one before any hello it owes: if that hello shows a restart,
+        its epoch moves on and the lease's renewals stop counting that master, as they would have from the start."""
+        start = len(results)
+        rest = pending[start:]
+        if not rest or self._unverified:
+            return False
+        for node, sent in zip(self._nodes[start:], rest, strict=True):
+            if isinstance(sent, BaseException):  # nothing was sent there: the error stands, no retry is needed
+                results.append(node_result((sent, node.state.epoch, False)))
+            else:
+                node.park(sent)
+                results.append(node_result((UNREAD, node.state.epoch, False)))
+        return True
 
     def _refuse_shared_masters(self) -> None:
         """A ``ConfigError`` if two masters answered with one run_id: a quorum counted over them is fake (one
@@ -232,7 +274,7 @@ class AsyncRedlockDriver:
             # or a task (most acquires end with it). A failed one goes on in the flow below, from its results.
             sent_at = self.clock()  # before the first send: the validity counts from here
             try:
-                results = await self._fan_out(redlock_take(keys, token, ttl), False)
+                results = await self._fan_out(redlock_take(keys, token, ttl), False, self._won)
             except Exception:
                 raise  # the fan-out's own verdict (a refused login): nothing to undo, as in the flow
             except BaseException:
@@ -306,7 +348,7 @@ class AsyncRedlockDriver:
     async def release(self, name: str, token: str) -> bool:
         call = self._release_call(name, token)
         sent_at = self.clock()
-        results = await self._fan_out([call], True)
+        results = await self._fan_out([call], True, self._released)
         if self._epochs:
             self._epochs.pop(token, None)
         ok, reached, woke = count_released(results)

@@ -224,6 +224,20 @@ class AsyncStream:
             return data
         raise RedisConnectionError(protocol.closed or f"Connection to redis {self._label} lost")
 
+    async def arrived(self, deadline: float) -> bool:
+        """Whether bytes arrived, or the connection closed, by ``deadline`` (monotonic), without taking them."""
+        protocol = self._protocol
+        if protocol.data or protocol.closed is not None:
+            return True
+        waiter = protocol.wait(deadline)
+        try:
+            await waiter
+        except RedisTimeoutError:
+            return False
+        finally:
+            protocol.waiter = None
+        return True
+
     def stale(self) -> bool:
         """Readable while idle: the server (or a middlebox) closed it, or it holds stray bytes; unusable."""
         return bool(self._protocol.data) or self._protocol.closed is not None

@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError, InvalidResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..calls import pack
+from ..calls import Call, pack
 from ..config import NodeSpec
 from ..resp import NOT_YET, Replies
 from .stream import Stream, open_stream, stale_all
@@ -70,6 +70,11 @@ class Connection:
         self._used = 0.0
         self.errors = False
         """The last :meth:`read` got an error reply (at any depth); without one, nobody looks for ``NOSCRIPT``."""
+        self.owed: tuple[Sequence[Call], int] | None = None
+        """Calls sent on this connection whose replies nobody has read yet, and how many hello replies come
+        first: a Redlock fan-out that had its quorum gave it back before the slower masters answered (issue 17).
+        The node reads them before anything else goes out on it (:meth:`..node.SyncNode.settle`); a dropped
+        connection owes nothing."""
 
     def connect(self) -> None:
         self.drop()
@@ -93,6 +98,18 @@ class Connection:
             self._log_in(_login(self.spec, user=False))  # a server older than 6: no ACL users
         elif refused is not None:
             raise refused
+
+    def arrived(self, deadline: float) -> bool:
+        """Whether replies (or the connection's end) arrived by ``deadline`` (monotonic), none of them taken."""
+        stream = self._stream
+        if stream is None or self._replies.pos < len(self._replies.buf):
+            return True
+        return stream.arrived(deadline)
+
+    def unusable(self) -> bool:
+        """Closed, or readable while nothing is owed: closed by the server (EOF), or holding stray bytes."""
+        stream = self._stream
+        return stream is None or stream.stale()
 
     def fit(self) -> bool:
         """Fit to carry commands as it is, so that :meth:`ready` would do nothing: connected, not closed by the
@@ -128,11 +145,12 @@ class Connection:
             raise RedisConnectionError(f"the connection to redis {self.spec.label} is closed")
         stream.send(data)
 
-    def read(self, count: int, deadline: float) -> list[Any]:
-        """Read ``count`` replies; the first may wait until ``deadline`` (monotonic), each later one the
-        connection's own ``timeout``. Error replies come back as exception objects (the stream stays in step),
-        except those that make the connection unusable (a refused login, too many clients), which are raised
-        like a timeout or a broken connection. Anything more than ``count`` replies is a protocol error."""
+    def read(self, count: int, deadline: float | None) -> list[Any]:
+        """Read ``count`` replies; the first may wait until ``deadline`` (monotonic; None: the connection's own
+        ``timeout``), each later one the connection's own ``timeout``. Error replies come back as exception
+        objects (the stream stays in step), except those that make the connection unusable (a refused login,
+        too many clients), which are raised like a timeout or a broken connection. Anything more than ``count``
+        replies is a protocol error."""
         stream = self._stream
         if stream is None:
             raise RedisConnectionError(f"the connection to redis {self.spec.label} is closed")
@@ -178,11 +196,13 @@ class Connection:
     def drop(self) -> None:
         """Close at once; :meth:`ready` or :meth:`connect` makes a new connection."""
         stream, self._stream = self._stream, None
+        self.owed = None
         if stream is not None:
             stream.abort()
 
     def close(self) -> None:
         stream, self._stream = self._stream, None
+        self.owed = None
         if stream is not None:
             stream.close()
 

@@ -118,6 +118,15 @@ class Stream:
             raise RedisConnectionError(f"Connection closed by redis {self._label}")
         return data
 
+    def arrived(self, deadline: float) -> bool:
+        """Whether bytes arrived, or the connection closed, by ``deadline`` (monotonic), without taking them."""
+        sock = self._sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending() > 0:
+            return True
+        poll = select.poll()
+        poll.register(sock.fileno(), select.POLLIN)
+        return bool(poll.poll(max(0.0, (deadline - time.monotonic()) * 1000)))
+
     def stale(self) -> bool:
         """Readable while idle: the server (or a middlebox) closed it (EOF), or it holds stray bytes; unusable."""
         return stale_all([self])[0]
