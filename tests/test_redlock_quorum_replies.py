@@ -165,3 +165,23 @@ def test_L9_a_master_that_stays_paused_costs_each_call_a_short_wait(fresh_redloc
             wait_for_key(last, n)
             assert raw(last).get(lock_key(n)) == lease.token.encode()
         wait_for_key(last, n, present=False)
+
+
+def test_L9_C12_a_connection_closed_while_it_owed_replies_is_replaced_before_use(
+    fresh_redlock: RedlockFactory,
+) -> None:
+    """Masters that drop connections idle for 1 s (Redis ``timeout 1``, C-12): the connections whose replies the
+    acquire left unread are closed by the time of the next call, after those replies. The next acquire reads
+    them, sees the close, and connects afresh before its SET: every master holds the new lock (a SET sent on the
+    closed connection would have been lost there)."""
+    group = fresh_redlock(extra_args=["--timeout", "1"])
+    with lockkit.connect(url([s.port for s in group])) as locks:
+        warm(locks)
+        first = locks.lock(name(), ttl=10, auto_renew=False)
+        first.acquire()  # masters 3 and 4: replies left unread
+        time.sleep(2.5)  # the servers close the idle connections (their cron looks about every 100 ms)
+        n = name()
+        with locks.lock(n, ttl=10, auto_renew=False) as lease:
+            for server in group[3:]:
+                wait_for_key(server, n)
+                assert raw(server).get(lock_key(n)) == lease.token.encode()

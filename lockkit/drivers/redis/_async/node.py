@@ -35,7 +35,10 @@ from ..config import NodeSpec, NodeState, apply_hello, hello_commands
 from .connection import AsyncConnection
 from .primitives import AsyncConnectionPool
 
-__all__ = ["SETTLE_WAIT", "AsyncNode"]
+__all__ = ["IDLE_CLOSE_MIN", "SETTLE_WAIT", "AsyncNode"]
+
+IDLE_CLOSE_MIN = 1.0
+"""The shortest idle time after which a server may close a connection (Redis's ``timeout`` is whole seconds)."""
 
 SETTLE_WAIT = 0.01
 """How long the next use of a connection waits, at most, for the replies a fan-out left unread on it to begin to
@@ -73,7 +76,7 @@ class AsyncNode:
         wait for the slower masters (issue 17). The replies are read before the connection carries anything else
         (:meth:`settle`), so they are never the next caller's."""
         conn = pending.conn
-        conn.owed = (pending.calls, pending.hello)
+        conn.owed = (pending.calls, pending.hello, time.monotonic())
         self.pool.release(conn)
 
     async def settle(self, conn: AsyncConnection, arrived: bool) -> bool:
@@ -98,8 +101,9 @@ class AsyncNode:
             self.pool.release(conn)
             raise
         conn.owed = None
+        calls, hello, parked_at = owed
         try:
-            await self._replies(conn, owed[0], owed[1], None)
+            await self._replies(conn, calls, hello, None)
         except (RedisError, OSError):
             conn.drop()
             return True
@@ -107,7 +111,9 @@ class AsyncNode:
             conn.drop()
             self.pool.release(conn)
             raise
-        return conn.unusable()
+        # Closed by the server after those replies? Only a connection idle for a while can have been (Redis's
+        # idle ``timeout`` is whole seconds), so one parked moments ago needs no second look (a system call).
+        return time.monotonic() - parked_at >= IDLE_CLOSE_MIN and conn.unusable()
 
     async def send(
         self,

@@ -70,11 +70,11 @@ class Connection:
         self._used = 0.0
         self.errors = False
         """The last :meth:`read` got an error reply (at any depth); without one, nobody looks for ``NOSCRIPT``."""
-        self.owed: tuple[Sequence[Call], int] | None = None
-        """Calls sent on this connection whose replies nobody has read yet, and how many hello replies come
-        first: a Redlock fan-out that had its quorum gave it back before the slower masters answered (issue 17).
-        The node reads them before anything else goes out on it (:meth:`..node.SyncNode.settle`); a dropped
-        connection owes nothing."""
+        self.owed: tuple[Sequence[Call], int, float] | None = None
+        """Calls sent on this connection whose replies nobody has read yet, how many hello replies come first,
+        and when it was given back (monotonic): a Redlock fan-out that had its quorum gave it back before the
+        slower masters answered (issue 17). The node reads them before anything else goes out on it
+        (:meth:`..node.SyncNode.settle`); a dropped connection owes nothing."""
 
     def connect(self) -> None:
         self.drop()
