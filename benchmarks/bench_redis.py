@@ -11,7 +11,8 @@ Starts its own throw-away servers on loopback (backends/servers.py). Three parts
    redlock:// against the raw 5-master parallel floor: ``SET NX PX`` written to all five
    masters, then all replies read, then the same for the ``EVALSHA``, one thread
    (``--parts redlock`` runs only these two rows; ``--parts redlock-layers`` times redlock:// by layer: the
-   floor, the driver alone and the whole ``Lock``, wall clock and client CPU).
+   floor, the driver alone, the whole ``Lock``, and the ``Lock`` reading every master's reply before it returns
+   as it did before L-9; wall clock and client CPU).
 2. 4 processes contending on one name, each holding ~1 ms (lockkit/cli/contention.py, shared
    with the etcd and ZooKeeper benchmarks): handoffs/s (an acquisition by a different
    process than the previous holder), fairness (fewest/most acquisitions per process),
@@ -130,6 +131,11 @@ def redlock_layers(redlock_url: str, redlock_ports: list[int], ops: int, rounds:
     floor = RedlockFloor(redlock_ports)
     locks = lockkit.connect(redlock_url)
     driver = locks.backend_for("bench").driver
+    # The same, reading every master's reply before an acquire or release returns (as before L-9): the
+    # driver's "enough" tests switched off on a second client, for the A/B in one process.
+    every = lockkit.connect(redlock_url)
+    every_driver = every.backend_for("bench").driver
+    every_driver._won = every_driver._released = None
     prefix = uuid.uuid4().hex
     counter = iter(range(1 << 62))
 
@@ -146,7 +152,17 @@ def redlock_layers(redlock_url: str, redlock_ports: list[int], ops: int, rounds:
         lock.acquire()
         lock.release()
 
-    runners: dict[str, Callable[[], None]] = {"5-master floor": lambda: floor(fresh()), "driver": alone, "Lock": whole}
+    def whole_every() -> None:
+        lock = every.lock(fresh(), ttl=10)
+        lock.acquire()
+        lock.release()
+
+    runners: dict[str, Callable[[], None]] = {
+        "5-master floor": lambda: floor(fresh()),
+        "driver": alone,
+        "Lock": whole,
+        "Lock, all replies": whole_every,
+    }
     for warm in runners.values():
         for _ in range(100):
             warm()
@@ -161,11 +177,12 @@ def redlock_layers(redlock_url: str, redlock_ports: list[int], ops: int, rounds:
             cpu[label].append((time.process_time() - used) / 10)
     w0, c0 = statistics.median(wall["5-master floor"]), statistics.median(cpu["5-master floor"])
     print(f"\n## redlock:// by layer (µs per acquire+release, blocks of 10, {len(wall['driver']) * 10} each)")
-    print(f"{'':16} {'wall':>7} {'ratio':>6} {'CPU':>7} {'ratio':>6}")
+    print(f"{'':18} {'wall':>7} {'ratio':>6} {'CPU':>7} {'ratio':>6}")
     for label in runners:
         w, c = statistics.median(wall[label]), statistics.median(cpu[label])
-        print(f"{label:16} {w * 1e6:7.0f} {w / w0:6.2f} {c * 1e6:7.0f} {c / c0:6.2f}")
+        print(f"{label:18} {w * 1e6:7.0f} {w / w0:6.2f} {c * 1e6:7.0f} {c / c0:6.2f}")
     locks.close()
+    every.close()
     floor.close()
 
 
@@ -221,7 +238,8 @@ def main() -> None:
         "--parts",
         default="uncontended,contention,scale",
         help="comma-separated parts to run: uncontended, contention, scale; redlock: only redlock:// and its "
-        "floor, uncontended; redlock-layers: redlock:// by layer (floor, driver, Lock; wall and CPU); "
+        "floor, uncontended; redlock-layers: redlock:// by layer (floor, driver, Lock, Lock reading all replies; "
+        "wall and CPU); "
         "redlock-contention: only redlock://, contended",
     )
     args = parser.parse_args()

@@ -11,7 +11,9 @@ plus ``tls=true`` and ``retry_delay`` (upper bound of the random delay after a s
 
 **How it works.** Every request goes to all masters at once: the commands are written to every
 master first, then the replies are read against one shared deadline, so a slow or blackholed
-master costs one ``timeout``, not one per master, and no thread is needed. The acquire is a plain
+master costs one ``timeout``, not one per master, and no thread is needed. An acquire's first attempt
+and a release stop reading once the replies read so far decide (a quorum won, a quorum released): the
+later masters' replies are read before the next command on their connections (L-9). The acquire is a plain
 ``SET NX PX`` (no script: the cheapest a master can do); release, renew and undo use the single-node
 driver's Lua scripts (:mod:`.scripts`) and key layout (:mod:`.keys`), without the fencing counter. A
 grant needs a quorum (N // 2 + 1) *and* a positive validity, ``ttl − elapsed − (ttl × 0.01 + 2 ms)``,
