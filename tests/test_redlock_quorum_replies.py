@@ -11,6 +11,7 @@ took: ``RENEW`` is owner-checked); a master that stays paused costs each command
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -185,3 +186,45 @@ def test_L9_C12_a_connection_closed_while_it_owed_replies_is_replaced_before_use
             for server in group[3:]:
                 wait_for_key(server, n)
                 assert raw(server).get(lock_key(n)) == lease.token.encode()
+
+
+async def test_L9_async_a_cancel_while_owed_replies_are_awaited_loses_nothing(fresh_redlock: RedlockFactory) -> None:
+    """An acquire cancelled while its fan-out waits for the replies an earlier one left unread (the last master
+    is paused, so that wait lasts up to SETTLE_WAIT): the connection goes back to the pool still owing them,
+    nothing of the cancelled acquire stays on the masters, and after the resume every call is right."""
+    group = fresh_redlock()
+    last = group[4]
+    async with lockkit.connect_async(url([s.port for s in group])) as locks:
+        warmed = name()
+        async with locks.lock(warmed, ttl=5):
+            pass
+        assert not (await locks.holder(warmed)).held
+        first, second = name(), name()
+        held = locks.lock(first, ttl=10, auto_renew=False)
+        last.pause()
+        try:
+            await held.acquire()  # master 4's reply owed
+            other = locks.lock(second, ttl=10, auto_renew=False)
+            task = asyncio.ensure_future(other.acquire())
+            await asyncio.sleep(SETTLE_WAIT / 3)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            else:  # a loaded machine let it finish first (it did without master 4): let it go
+                await other.release()
+        finally:
+            last.resume()
+        wait_for_key(last, first)
+        await held.release()
+        until = time.monotonic() + 10
+        while any(raw(server).exists(lock_key(second)) for server in group):  # the cancelled acquire is undone
+            assert time.monotonic() < until, "the cancelled acquire's keys stayed"
+            await asyncio.sleep(0.01)
+        for server in group:
+            assert raw(server).exists(lock_key(first)) == 0
+        for _ in range(5):
+            n = name()
+            async with locks.lock(n, ttl=5) as lease:
+                assert sum(raw(server).get(lock_key(n)) == lease.token.encode() for server in group) >= 3
