@@ -396,3 +396,29 @@ def test_L6_one_server_listed_under_two_names_is_refused(redlock_servers: Redloc
         lock = locks.lock(name(), ttl=5)
         lock.acquire(timeout=1)  # distinct servers: granted as ever
         lock.release()
+
+
+@pytest.mark.parametrize("call", ["try_acquire", "acquire"])
+def test_L2_refused_logins_on_a_majority_leave_no_partial_lock(redlock_servers: RedlockServers, call: str) -> None:
+    """A user that exists on only 2 of 5 masters: the acquire is refused with a ConfigError (too few masters
+    accept the login for a quorum), and the SETs the 2 applied are undone before it is raised; before, the name
+    stayed half-taken there for the whole ttl, and a correctly configured client could not get it."""
+    user = f"u{uuid.uuid4().hex[:8]}"
+    for server in redlock_servers[:2]:
+        raw(server).execute_command("ACL", "SETUSER", user, "on", ">pw-not-shown", "~*", "&*", "+@all")
+    try:
+        ports = [server.port for server in redlock_servers]
+        url = f"redlock://{user}:pw-not-shown@" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/0"
+        n = name()
+        with lockkit.connect(url) as locks:
+            lock = locks.lock(n, ttl=30, auto_renew=False)
+            with pytest.raises(ConfigError) as refused:
+                lock.try_acquire() if call == "try_acquire" else lock.acquire(timeout=2)
+            assert "pw-not-shown" not in str(refused.value)
+        for server in redlock_servers:
+            assert raw(server).exists(lock_key(n)) == 0, f"master {server.port} kept the refused acquire's SET"
+        with lockkit.connect(redlock_servers.url) as locks:
+            assert locks.lock(n, ttl=5).try_acquire() is not None
+    finally:
+        for server in redlock_servers[:2]:
+            raw(server).execute_command("ACL", "DELUSER", user)

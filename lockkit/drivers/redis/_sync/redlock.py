@@ -214,7 +214,7 @@ class RedlockDriver:
     def _refuse_shared_masters(self) -> None:
         """A ``ConfigError`` if two masters answered with one run_id: a quorum counted over them is fake (one
         server's vote counted twice). Checked after each fan-out until every master has answered; the keys a
-        refused acquire set there expire at their ttl (the client never holds the lock)."""
+        refused acquire set are undone before the error is raised (the client never holds the lock)."""
         owners: dict[str, str] = {}
         for spec, node in zip(self.specs, self._nodes, strict=True):
             run_id = node.state.run_id
@@ -277,8 +277,13 @@ class RedlockDriver:
             sent_at = self.clock()  # before the first send: the validity counts from here
             try:
                 results = self._fan_out(redlock_take(keys, token, ttl), False, self._won)
+            except ConfigError:
+                # Refused (logins on too many masters, or two masters that are one server): the SETs went out
+                # to the masters that accepted and took there. Undo them, or the name stays half-taken for a ttl.
+                self._undo(name, token)
+                raise
             except Exception:
-                raise  # the fan-out's own verdict (a refused login): nothing to undo, as in the flow
+                raise  # not an interruption (below): no other verdict of a fan-out leaves anything to undo
             except BaseException:
                 # Interrupted half-way (an asyncio cancel, a signal): the SET may have reached some masters, a
                 # quorum even. Undo it on every master (owner-checked), so it does not hold them for a TTL.
@@ -305,13 +310,17 @@ class RedlockDriver:
                     keys, token, ttl, deadline, self.clock, len(self.specs), self.options.retry_delay, pause, first
                 )
                 return self._granted(token, drive(flow, perform))
+            except ConfigError:  # refused half-way: undo what the masters that accepted took, as above
+                self._undo(name, token)
+                raise
             finally:
                 watcher.close()
 
         return self._background.shielded(attempt, watcher, lambda: self._undo(name, token))
 
     def _undo(self, name: str, token: str) -> None:
-        with contextlib.suppress(BackendUnavailable):
+        # ConfigError: refused again by the masters that refused the acquire, once the others have released.
+        with contextlib.suppress(BackendUnavailable, ConfigError):
             self.release(name, token)
 
     def renew(self, name: str, token: str, ttl: float) -> Grant | None:
