@@ -98,16 +98,6 @@ class Backend(Generic[D]):
         with self._mutex:
             self._leases.pop(lease.token, None)
 
-    def forget(self, lease: Lease) -> None:
-        """Drop a lease that was released (or whose release failed), and note how close it came to running out."""
-        with self._mutex:
-            self._leases.pop(lease.token, None)
-        # The share of its TTL gone since its grant or last renewal: near 1, one more pause (GC, swap, a slow
-        # network) and another holder gets the lock while this one still runs (lockkit_ttl_used_ratio).
-        ttl = lease.ttl
-        if ttl > 0:
-            self.stats.observe_later("ttl_used", 1.0 - (lease.expires_at - self.clock()) / ttl)
-
     def _prune(self) -> None:
         """Drop the entries of leases that were garbage-collected without a release (under the mutex)."""
         self._leases = {token: ref for token, ref in self._leases.items() if ref() is not None}

@@ -455,13 +455,6 @@ class BackendStats:
         """An on-lost callback: the backend registers it on every lease it tracks (one count per lease)."""
         self.count("losses")
 
-    def observe_later(self, name: str, value: float) -> None:
-        """Observe ``value``, later (see the class): for observations on the hot path without a count."""
-        queued = self._queue.other
-        queued.append((None, name, value))
-        if len(queued) >= QUEUED:
-            self.apply_queued()
-
     def apply_queued(self) -> None:
         """Apply the events queued so far (ones queued meanwhile wait for the next call); a locker calls this
         when it closes."""

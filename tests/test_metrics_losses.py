@@ -11,6 +11,7 @@ import time
 import pytest
 
 import lockkit
+from backends.pytest_fixtures import RedisFactory
 
 
 def wait_for(event: threading.Event, what: str) -> None:
@@ -111,3 +112,33 @@ def test_prometheus_counts_the_loss_to_close() -> None:
         locks.close()
     assert sample("lockkit_losses_total") == lost + 1  # "q", found gone at close
     assert sample("lockkit_releases_total") == released + 1  # "p", released by close
+
+
+def test_a_lock_released_by_close_is_observed_like_any_release() -> None:
+    """docs/metrics.md: ``lockkit_hold_seconds`` is the time from acquiring a lock to releasing it; one that
+    close() released counts there as a ``with`` block's does (it counted in releases and ttl_used only)."""
+    locks = lockkit.connect("memory://observed-close")
+    locks.lock("a", ttl=30).acquire()
+    locks.close()
+    stats = locks.stats()["default"]
+    assert stats["releases"] == 1
+    assert stats["hold_seconds"]["count"] == 1
+    assert stats["ttl_used_ratio"]["count"] == 1
+
+
+def test_a_lease_lost_to_close_is_not_observed(fresh_redis: RedisFactory) -> None:
+    """docs/metrics.md: leases lost to close() are never released, so they are not observed. The server is
+    paused, so the release at close fails; it used to add a ttl_used sample all the same."""
+    server = fresh_redis()
+    locks = lockkit.connect(f"{server.url}?timeout=0.5")
+    lease = locks.lock("a", ttl=30, auto_renew=False).acquire()
+    server.pause()
+    try:
+        locks.close()
+    finally:
+        server.resume()
+    assert not lease.valid
+    stats = locks.stats()["default"]
+    assert stats["losses"] == 1 and stats["releases"] == 0
+    assert stats["hold_seconds"]["count"] == 0
+    assert stats["ttl_used_ratio"]["count"] == 0

@@ -425,17 +425,21 @@ class AsyncLocker:
             released = False
             if not why and self.clock() >= deadline:
                 why = f"the {CLOSE_RELEASE_SECONDS:g} s allowed for releasing at close ran out"
+            answered = False
             if not why:
                 try:
                     released = await driver.release(lease.name, lease.token)
+                    answered = True
                 except Exception as exc:  # unreachable or refused: spare the rest of this backend the wait
                     why = f"releasing {lease.name!r} failed: {exc}"
-            backend.forget(lease)
+            backend.untrack(lease)
+            if answered:  # observed as any release is (LockCore.finish): its hold time and the TTL share used
+                now = backend.clock()
+                backend.stats.ended(released, max(0.0, now - lease.acquired_at), lease.ttl_used(now))
             if released:
                 lease.mark_released()
-                backend.stats.count("releases")
             else:
-                kept.append(lease)
+                kept.append(lease)  # lost to the close (not observed: never released) or found gone
         lost = [lease for lease in kept if lease.mark_lost("its locker was closed", warn=False)]  # counted as losses
         if not lost:
             return
