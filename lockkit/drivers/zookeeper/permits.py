@@ -240,11 +240,12 @@ class ZooKeeperPermits:
                     node.session_id,
                     node.czxid if known else None,
                     background=unreachable,
+                    within=s.connect_grace,  # a server silent since we began waiting must not hold us (C-15)
                 )
             if not granted:
                 child = lease.rpartition("/")[2]
                 for owner in set(sent):  # a permit whose create may have gone through: not ours to keep
-                    s.abandon(parent, child, child, owner, background=unreachable)
+                    s.abandon(parent, child, child, owner, background=unreachable, within=s.connect_grace)
 
     def _try_side(
         self, name: str, node: _Node, data: bytes, mode: str, sid: int, end: float | None, wake: threading.Event

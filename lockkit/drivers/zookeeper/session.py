@@ -320,6 +320,7 @@ class Session:
         czxid: int | None = None,
         *,
         background: bool = False,
+        within: float | None = None,
     ) -> None:
         """Delete a node we gave up on (found by its uuid prefix if its name is unknown), with retries.
 
@@ -331,7 +332,10 @@ class Session:
         If the connection is down, the node is deleted on the next reconnect; if its session ends
         first, the server removes it. ``background``: the caller ran out of time with ZooKeeper not
         answering, so the retries (each up to a session timeout) run on a thread of their own instead of
-        holding it past its bound.
+        holding it past its bound. ``within``: the caller gave up (its deadline, a cancel) and waits at most
+        that many seconds for ZooKeeper's answers; if they have not come by then the retries go on on a thread of
+        their own. A server paused while a waiter waits answers nothing, and kazoo notices only after about two
+        thirds of the session timeout: without the bound an ``acquire(timeout=3)`` returned after about 9 s (C-15).
         """
         if owner is None or self._ready is None:
             return
@@ -343,6 +347,7 @@ class Session:
                 daemon=True,
             ).start()
             return
+        end = None if within is None else self._clock() + within
         for attempt in range(CLEANUP_TRIES):
             kz = self._ready
             if kz is None or self.session_id() is None:
@@ -351,20 +356,28 @@ class Session:
                 names = (
                     [child]
                     if child
-                    else with_prefix(self.call(kz.get_children_async(parent), f"list {parent}", (NoNodeError,)), prefix)
+                    else with_prefix(
+                        self.call(kz.get_children_async(parent), f"list {parent}", (NoNodeError,), end), prefix
+                    )
                 )
                 for name in names:
                     path = f"{parent}/{name}"
-                    stat = self.call(kz.exists_async(path), f"read {path}")
+                    stat = self.call(kz.exists_async(path), f"read {path}", end=end)
                     if stat is None or stat.ephemeralOwner != owner or czxid not in (None, stat.czxid):
                         continue  # gone, or another node at our path: not ours to delete
                     with contextlib.suppress(NoNodeError, BadVersionError):  # BadVersion: written to since: leave it
-                        self.call(kz.delete_async(path, stat.version), f"delete {path}", (NoNodeError, BadVersionError))
+                        deleted = kz.delete_async(path, stat.version)
+                        self.call(deleted, f"delete {path}", (NoNodeError, BadVersionError), end)
                 self.tidy_parent(parent)
                 return
             except NoNodeError:
                 return
             except Transient:
+                if end is not None and self._clock() >= end:
+                    # no answer within the caller's bound: the retries (each up to a session timeout) go on
+                    # on a thread of their own; a node deleted twice costs a NoNodeError there
+                    self.abandon(parent, prefix, child, owner, czxid, background=True)
+                    return
                 time.sleep(0.05 * 2**attempt)
             except (BackendUnavailable, ConfigError):  # access denied: nothing to retry; the session's end removes it
                 log.warning("lockkit: could not delete our ZooKeeper node under %s", parent, exc_info=True)

@@ -238,6 +238,8 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 uncancel()
             if not granted and (c.child is not None or c.pending):
                 # After an outage, clean up on a thread: the caller's time is up, and ZooKeeper may not answer.
+                # Otherwise (a timeout, a cancel) wait for the clean-up as long as a short call would wait for a
+                # reply at most: a server that went silent while we waited must not hold the caller (C-15).
                 known = not c.pending and c.child is not None
                 s.abandon(
                     c.parent,
@@ -246,6 +248,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                     c.session_id,
                     c.czxid if known else None,
                     background=unreachable,
+                    within=s.connect_grace,
                 )
 
     def _relist(self, c: _Contender, sid: int) -> Callable[[], None]:
