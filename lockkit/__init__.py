@@ -13,7 +13,8 @@ Errors (all subclasses of :class:`LockError`)::
     LockError
     ├── LockTimeout, LockNotOwned, LockLost, BackendUnavailable
     ├── ConfigError       (also ValueError)
-    └── InvalidLockName   (also ValueError)
+    ├── InvalidLockName   (also ValueError)
+    └── UsageError        (also TypeError)
 
 ``import lockkit`` imports no backend client; drivers load on first use of their scheme.
 """
@@ -33,6 +34,7 @@ from .errors import (
     LockLost,
     LockNotOwned,
     LockTimeout,
+    UsageError,
 )
 from .guarded import current_lease
 from .lease import Lease, LeaseState
@@ -67,6 +69,7 @@ __all__ = [
     "PermitInfo",
     "RWLock",
     "Semaphore",
+    "UsageError",
     "__version__",
     "connect",
     "connect_async",

@@ -8,7 +8,8 @@
     ├── LockLost               the lease ended (expired, renewal failed, session lost) while held
     ├── BackendUnavailable     the server (or a quorum of servers) could not be reached
     ├── ConfigError            bad URL, option, TTL or config file          (also a ValueError)
-    └── InvalidLockName        empty, over-long or non-str lock name        (also a ValueError)
+    ├── InvalidLockName        empty, over-long or non-str lock name        (also a ValueError)
+    └── UsageError             an API used the wrong way, e.g. ``with`` on an asyncio lock (also a TypeError)
 
 Backend exceptions are translated at the driver boundary with ``raise … from exc``.
 Messages say what to do next and never contain a secret: URLs are shown with the
@@ -25,6 +26,7 @@ __all__ = [
     "LockLost",
     "LockNotOwned",
     "LockTimeout",
+    "UsageError",
 ]
 
 
@@ -54,3 +56,8 @@ class ConfigError(LockError, ValueError):
 
 class InvalidLockName(LockError, ValueError):
     """A lock name is not a non-empty str of at most 512 UTF-8 bytes."""
+
+
+class UsageError(LockError, TypeError):
+    """An API used the wrong way: ``with`` on an asyncio handle, ``async with`` on a blocking one. Also a
+    TypeError, which is what Python raised there before, so handlers written for that still catch it."""

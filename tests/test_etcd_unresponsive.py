@@ -13,28 +13,19 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import lockkit
 from backends.servers import EtcdServer
 from lockkit import BackendUnavailable
+from tests._timing import timed
 
 SLACK = 2.0
 
 
 def _name() -> str:
     return f"eu-{uuid.uuid4().hex[:10]}"
-
-
-def _timed(call: Callable[[], Any]) -> tuple[float, BaseException | None]:
-    started = time.monotonic()
-    try:
-        call()
-    except BaseException as exc:  # the test looks at what it was
-        return time.monotonic() - started, exc
-    return time.monotonic() - started, None
 
 
 def test_e8_paused_etcd_acquire_shares_its_deadline(fresh_etcd: Callable[..., EtcdServer]) -> None:
@@ -46,15 +37,15 @@ def test_e8_paused_etcd_acquire_shares_its_deadline(fresh_etcd: Callable[..., Et
         lock.release()
         server.pause()
         try:
-            took, exc = _timed(lambda: locks.lock(name, ttl=10).try_acquire())
+            took, exc = timed(lambda: locks.lock(name, ttl=10).try_acquire())
             print(f"E-8: try_acquire against a paused etcd: {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
-            took, exc = _timed(lambda: locks.lock(name, ttl=10).acquire(timeout=0.2))
+            took, exc = timed(lambda: locks.lock(name, ttl=10).acquire(timeout=0.2))
             print(f"E-8: acquire(timeout=0.2): {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
-            took, exc = _timed(lambda: locks.lock(name, ttl=10).acquire(timeout=3))
+            took, exc = timed(lambda: locks.lock(name, ttl=10).acquire(timeout=3))
             print(f"E-8: acquire(timeout=3): {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 3.0 + SLACK
@@ -98,7 +89,7 @@ def test_e8_paused_etcd_semaphore_try_acquire_bounded(fresh_etcd: Callable[..., 
         semaphore.release()
         server.pause()
         try:
-            took, exc = _timed(lambda: locks.semaphore(name, limit=2, ttl=10).try_acquire())
+            took, exc = timed(lambda: locks.semaphore(name, limit=2, ttl=10).try_acquire())
             print(f"E-8: semaphore try_acquire against a paused etcd: {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK

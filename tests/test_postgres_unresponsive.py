@@ -16,13 +16,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import lockkit
 from backends.servers import PostgresServer
 from lockkit import BackendUnavailable, LockLost
+from tests._timing import timed
 
 SLACK = 2.0
 
@@ -61,15 +61,6 @@ def paused(server: PostgresServer) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
 
 
-def _timed(call: Callable[[], Any]) -> tuple[float, BaseException | None]:
-    started = time.monotonic()
-    try:
-        call()
-    except BaseException as exc:  # the test looks at what it was
-        return time.monotonic() - started, exc
-    return time.monotonic() - started, None
-
-
 def test_p9_paused_server_acquire_is_bounded(fresh_postgres: Callable[..., PostgresServer]) -> None:
     server = fresh_postgres()
     name = _name()
@@ -78,15 +69,15 @@ def test_p9_paused_server_acquire_is_bounded(fresh_postgres: Callable[..., Postg
         first = lock.acquire(timeout=5)  # the driver has a live session now
         lock.release()
         with paused(server):
-            took, exc = _timed(lambda: locks.lock(name).try_acquire())
+            took, exc = timed(lambda: locks.lock(name).try_acquire())
             print(f"P-9: try_acquire against a paused server: {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
-            took, exc = _timed(lambda: locks.lock(name).acquire(timeout=0.2))
+            took, exc = timed(lambda: locks.lock(name).acquire(timeout=0.2))
             print(f"P-9: acquire(timeout=0.2): {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
-            took, exc = _timed(lambda: locks.lock(name).acquire(timeout=3))
+            took, exc = timed(lambda: locks.lock(name).acquire(timeout=3))
             print(f"P-9: acquire(timeout=3): {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 3.0 + SLACK
@@ -106,14 +97,14 @@ def test_p9_paused_server_release_renew_holder_bounded(fresh_postgres: Callable[
         leases = [renewed.acquire(timeout=5), released.acquire(timeout=5)]
         asking.holder(renewed.name)
         with paused(server):
-            took, exc = _timed(renewed.renew)
+            took, exc = timed(renewed.renew)
             print(f"P-9: renew(): {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, (BackendUnavailable, LockLost)), exc
             assert took < 1.0 + SLACK
-            took, exc = _timed(released.release)
+            took, exc = timed(released.release)
             print(f"P-9: release(): {type(exc).__name__}: {exc} after {took:.2f} s")
             assert took < 1.0 + SLACK
-            took, exc = _timed(lambda: asking.holder(renewed.name))
+            took, exc = timed(lambda: asking.holder(renewed.name))
             print(f"P-9: holder(): {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
@@ -166,7 +157,7 @@ def test_p9_blackholed_proxy_try_acquire_bounded(postgres_server: PostgresServer
         warm.release()
         proxy.set_mode("blackhole")
         try:
-            took, exc = _timed(lambda: locks.lock(name, ttl=30).try_acquire())
+            took, exc = timed(lambda: locks.lock(name, ttl=30).try_acquire())
             print(f"P-9: try_acquire through a blackhole: {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK
@@ -193,7 +184,7 @@ def test_p9_cut_session_keeps_its_locks_until_their_deadline(fresh_postgres: Cal
         lock = locks.lock(name, ttl=6, auto_renew=False)
         lease = lock.acquire(timeout=5)
         with paused(server):
-            took, exc = _timed(lock.renew)
+            took, exc = timed(lock.renew)
             print(f"P-9: renew() of a ttl-6 lease: {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, (BackendUnavailable, LockLost)), exc
         # The server runs again well before the lease's deadline: the lock stays held until then.
@@ -216,7 +207,7 @@ def test_p9_paused_server_semaphore_try_acquire_bounded(fresh_postgres: Callable
         semaphore.acquire(timeout=5)
         semaphore.release()
         with paused(server):
-            took, exc = _timed(lambda: locks.semaphore(name, limit=2, ttl=10).try_acquire())
+            took, exc = timed(lambda: locks.semaphore(name, limit=2, ttl=10).try_acquire())
             print(f"P-9: semaphore try_acquire against a paused server: {type(exc).__name__} after {took:.2f} s")
             assert isinstance(exc, BackendUnavailable), exc
             assert took < 1.0 + SLACK

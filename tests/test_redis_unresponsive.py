@@ -18,13 +18,7 @@ import pytest
 
 import lockkit
 from backends.pytest_fixtures import RedisFactory
-
-
-def _timed(call: object) -> float:
-    started = time.monotonic()
-    with pytest.raises(lockkit.BackendUnavailable):
-        call()  # type: ignore[operator]
-    return time.monotonic() - started
+from tests._timing import timed_failure
 
 
 def test_C10_an_acquire_reports_a_paused_server_by_its_deadline(fresh_redis: RedisFactory) -> None:
@@ -34,9 +28,9 @@ def test_C10_an_acquire_reports_a_paused_server_by_its_deadline(fresh_redis: Red
         assert locks.lock(f"{name}-warm", ttl=5).try_acquire() is not None  # a warm pooled connection
         server.pause()
         try:
-            short = _timed(lambda: locks.lock(name, ttl=5).acquire(timeout=0.2))
-            long = _timed(lambda: locks.lock(name, ttl=5).acquire(timeout=5))
-            quick = _timed(lambda: locks.lock(name, ttl=5).try_acquire())
+            short = timed_failure(lambda: locks.lock(name, ttl=5).acquire(timeout=0.2), lockkit.BackendUnavailable)
+            long = timed_failure(lambda: locks.lock(name, ttl=5).acquire(timeout=5), lockkit.BackendUnavailable)
+            quick = timed_failure(lambda: locks.lock(name, ttl=5).try_acquire(), lockkit.BackendUnavailable)
         finally:
             server.resume()
         # before: 1.5 s for the attempt whatever the deadline, then 1.5 s more for the queue's clean-up

@@ -14,6 +14,7 @@ from types import TracebackType
 
 from ..driver import AsyncDriver, Grant
 from ..errors import LockError, LockNotOwned, LockTimeout
+from ..face_guard import FaceGuard
 from ..lease import Lease, RenewalTicket
 from ..lock_core import LATE_GRANTS, USE_LOCK_TIMEOUT, LockCore, new_token
 from ..renewal import AsyncRenewalScheduler
@@ -24,7 +25,7 @@ __all__ = ["AsyncLock"]
 log = logging.getLogger("lockkit")
 
 
-class AsyncLock:
+class AsyncLock(FaceGuard):
     """A handle on one named lock. Create it with :meth:`lockkit.AsyncLocker.lock`.
 
     Each ``AsyncLock`` holds at most one lease at a time and is not reentrant. Use one ``AsyncLock`` object

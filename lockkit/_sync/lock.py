@@ -16,6 +16,7 @@ from types import TracebackType
 
 from ..driver import Driver, Grant
 from ..errors import LockError, LockNotOwned, LockTimeout
+from ..face_guard import FaceGuard
 from ..lease import Lease, RenewalTicket
 from ..lock_core import LATE_GRANTS, USE_LOCK_TIMEOUT, LockCore, new_token
 from ..renewal import RenewalScheduler
@@ -26,7 +27,7 @@ __all__ = ["Lock"]
 log = logging.getLogger("lockkit")
 
 
-class Lock:
+class Lock(FaceGuard):
     """A handle on one named lock. Create it with :meth:`lockkit.Locker.lock`.
 
     Each ``Lock`` holds at most one lease at a time and is not reentrant. Use one ``Lock`` object

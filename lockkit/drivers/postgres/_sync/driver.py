@@ -226,10 +226,16 @@ class PostgresDriver:
         )
 
     def _exec(self, s: _Session, sql: str, params: Any = None, limit: float | None = None) -> Any:
-        """Run one statement on ``s``; its reply is not taken for the server ending the session. Unanswered
-        after ``limit`` s (``None``: the timeout option; :data:`UNBOUNDED`: no bound), the session is cut (never
-        used again) and :class:`_NoAnswer` raised; a reply that came in the same instant is not trusted either.
-        The cost on the hot path is a timer (asyncio) or a list append read by the watcher thread (blocking)."""
+        """Run one statement on ``s`` under :meth:`_bounded`; its cursor."""
+        return self._bounded(s, lambda: s.conn.execute(sql, params), limit)
+
+    def _bounded(self, s: _Session, run: Callable[[], Any], limit: float | None = None) -> Any:
+        """Await ``run()`` (one round trip on ``s``: its reply is not taken for the server ending the session)
+        and return its result. Unanswered after ``limit`` s (``None``: the timeout option; :data:`UNBOUNDED`: no
+        bound), the session is cut (never used again) and :class:`_NoAnswer` raised; a reply that came in the
+        same instant is not trusted either. The cost on the hot path is a timer (asyncio) or a list append read
+        by the watcher thread (blocking). ``run`` is typed ``Callable[[], Any]``, not ``Awaitable``, because the
+        blocking face is generated from this text and there ``run()`` returns the cursor itself."""
         bound = self._options.timeout if limit is None else limit
         with self._state:
             s.busy += 1
@@ -237,7 +243,7 @@ class PostgresDriver:
         ticket = None if watch is None else watch.before(None if bound == UNBOUNDED else bound)
         try:
             try:
-                cur = s.conn.execute(sql, params)
+                cur = run()
             finally:
                 with self._state:
                     s.busy -= 1

@@ -168,29 +168,17 @@ class PostgresPermits(PostgresDriver):
         return _ms(max(ttls)) if ttls else "0"
 
     def _exec_many(self, s: _Session, sql: str, params: dict[str, Any], limit: float | None = None) -> Any:
-        """Run several statements in one round trip (one implicit transaction); the cursor of the last."""
-        with self._state:
-            s.busy += 1
-        watch, bound = s.watch, self._options.timeout if limit is None else limit
-        ticket = None if watch is None else watch.before(bound)  # bounded as _exec's statements are
-        try:
-            try:
-                cur = ClientCursor(s.conn)
-                cur.execute(sql, params)
-                while cur.nextset():
-                    pass
-            finally:
-                with self._state:
-                    s.busy -= 1
-                if watch is not None:
-                    watch.after(ticket)
-        except psycopg.Error:
-            if watch is None or not watch.expired:
-                raise
-        else:
-            if watch is None or not watch.expired:
-                return cur
-        self._cut_off(s, bound)
+        """Run several statements in one round trip (one implicit transaction), bounded as :meth:`_exec`'s
+        statements are (:meth:`_bounded`); the cursor of the last."""
+
+        def run() -> Any:
+            cur = ClientCursor(s.conn)
+            cur.execute(sql, params)
+            while cur.nextset():
+                pass
+            return cur
+
+        return self._bounded(s, run, limit)
 
     # -- acquire -------------------------------------------------------------------------------
 
