@@ -11,7 +11,7 @@ import threading
 import weakref
 from typing import Generic, TypeVar
 
-from .driver import AsyncDriver, Driver, Guarantees
+from .driver import AsyncDriver, Cancel, Driver, Guarantees
 from .errors import LockError
 from .lease import Lease
 from .metrics import BackendStats
@@ -35,6 +35,12 @@ class Backend(Generic[D]):
         self._driver: D | None = None
         self.fenced = False
         self._closed = False
+        self.closing = Cancel()
+        """Fired when the backend closes: every acquire passes it to its driver, so one still waiting then ends
+        (C-16) instead of waiting on, or handing out a lease of a closed locker that nothing would release."""
+        self.acquiring: set[str] = set()
+        """The tokens of the acquires in a driver call now (set.add and discard need no lock): the close waits
+        for those it woke to clean up what they queued before it closes the driver under them."""
         # Token -> weak reference: a lease dropped without release must not be kept alive by the registry.
         # A plain dict of refs, pruned as it grows, rather than a WeakValueDictionary, whose Python-level
         # KeyedRef made tracking cost three times as much on every acquire.
@@ -69,7 +75,17 @@ class Backend(Generic[D]):
 
     def mark_closed(self) -> D | None:
         self._closed = True
+        self.closing.cancel()  # the waiting acquires give up (their drivers clean up what they queued)
         return self._driver
+
+    def open_driver(self) -> D | None:
+        """The driver, also once the backend is closed, until :meth:`detach`: for the give-back of a grant that
+        came back while the locker closed."""
+        return self._driver
+
+    def detach(self) -> None:
+        """The driver is about to close: from now on nothing uses it, not even a give-back."""
+        self._driver = None
 
     # -- lease registry ------------------------------------------------------------------
 

@@ -188,6 +188,13 @@ class LockCore:
             "Use a longer ttl, or check the server's and this process's latency"
         )
 
+    def closed_while_waiting(self) -> LockError:
+        """An acquire whose locker was closed while it waited (C-16): it holds nothing."""
+        return LockError(
+            f"{self.kind} {self.name!r}: its locker was closed while this acquire waited (backend "
+            f"{self.backend.name!r}); nothing is held. Open a new locker with lockkit.connect() to acquire again"
+        )
+
     def timed_out(self, timeout: object) -> LockTimeout:
         self.backend.stats.count("timeouts")
         wait = self.timeout if timeout is USE_LOCK_TIMEOUT else timeout

@@ -6,6 +6,7 @@ functions are all that a face has to say beyond ``await``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
@@ -16,12 +17,17 @@ from ..offload import ThreadOffloadDriver
 from ..renewal import async_scheduler
 from .cancel_safe import finish_even_if_cancelled
 
-__all__ = ["Guarded", "async_scheduler", "check_guarded", "face_driver", "finish_even_if_cancelled"]
+__all__ = ["Guarded", "async_scheduler", "check_guarded", "face_driver", "finish_even_if_cancelled", "pause"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Guarded = Callable[P, Awaitable[T]]
 """What this face's ``locked()`` decorates: a coroutine function."""
+
+
+async def pause(seconds: float) -> None:
+    """Let this face's other work run for ``seconds`` (the event loop's tasks; on the blocking face, threads)."""
+    await asyncio.sleep(seconds)
 
 
 def face_driver(driver: Driver) -> AsyncDriver:

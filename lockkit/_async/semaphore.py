@@ -39,7 +39,10 @@ class AsyncPermit(AsyncLock):
 
     async def _take(self, token: str, deadline: float | None) -> Grant | None:
         core = self._core
-        return await self._permits.acquire_permit(core.name, token, core.ttl, deadline, self._limit, self._mode)
+        permits = self._permits
+        return await permits.acquire_permit(
+            core.name, token, core.ttl, deadline, self._limit, self._mode, core.backend.closing
+        )
 
     async def _give_back(self, token: str) -> None:
         with contextlib.suppress(LockError):

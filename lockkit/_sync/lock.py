@@ -73,12 +73,23 @@ class Lock(FaceGuard):
         core = self._core
         token, deadline, started = core.begin(timeout)
         late = 0
+        backend = core.backend
+        acquiring = backend.acquiring
         while True:
+            acquiring.add(token)
             try:
                 grant = self._take(token, deadline)
-            except LockError:
-                core.backend.stats.count("errors")
+            except LockError as exc:
+                backend.stats.count("errors")
+                if backend.closed:  # the driver's own word for it ("driver closed", "connection closed")
+                    raise core.closed_while_waiting() from exc
                 raise
+            finally:
+                acquiring.discard(token)
+            if backend.closed:  # closed while it waited (C-16): a grant now would be a closed locker's
+                if grant is not None:
+                    self._give_back(token)
+                raise core.closed_while_waiting()
             if grant is None:
                 raise core.timed_out(timeout)
             lease = core.granted(token, grant, started)
@@ -91,7 +102,6 @@ class Lock(FaceGuard):
             if late >= LATE_GRANTS or (deadline is not None and core.clock() >= deadline):
                 raise core.too_late(grant, late)
             token = new_token()
-        backend = core.backend
         renewals = self._renewals = scheduler(backend.clock)
         renewals.add(lease, backend, core.ttl, core.auto_renew, core.max_hold)
         return lease
@@ -99,13 +109,17 @@ class Lock(FaceGuard):
     def _take(self, token: str, deadline: float | None) -> Grant | None:
         """The driver call that wins the grant (a permit handle asks its backend's permit operations instead)."""
         core = self._core
-        driver: Driver = core.backend.driver
-        return driver.acquire(core.name, token, core.ttl, deadline)
+        backend = core.backend
+        driver: Driver = backend.driver
+        return driver.acquire(core.name, token, core.ttl, deadline, backend.closing)
 
     def _give_back(self, token: str) -> None:
-        """Release, owner-checked, a grant that came too late to be trusted; best effort (it lapses at its ttl)."""
-        with contextlib.suppress(LockError):
-            self._driver().release(self._core.name, token)
+        """Release, owner-checked, a grant that came too late to be trusted, or while the locker closed; best
+        effort (it lapses at its ttl)."""
+        driver = self._core.backend.open_driver()
+        if driver is not None:
+            with contextlib.suppress(LockError):
+                driver.release(self._core.name, token)
 
     def try_acquire(self) -> Lease | None:
         """One attempt, never waits: the lease, or ``None`` if someone else holds the lock."""

@@ -31,7 +31,7 @@ from ..timing import Clock, default_clock
 from ..urls import BackendURL
 from .lock import Lock
 from .permit_view import PermitView
-from .primitives import Guarded, check_guarded, face_driver, scheduler
+from .primitives import Guarded, check_guarded, face_driver, pause, scheduler
 from .semaphore import Permit, RWLock, Semaphore
 
 __all__ = ["CLOSE_RELEASE_SECONDS", "Locker"]
@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 CLOSE_RELEASE_SECONDS = 5.0
 """How long closing a locker spends releasing the locks still held, in all, before it gives up on the rest."""
+CLOSE_POLL = 0.005
+"""How often the close looks whether the acquires it woke have left their drivers (a few milliseconds each)."""
 
 
 class Locker:
@@ -411,12 +413,20 @@ class Locker:
             leases = [lease for lease in backend.live_leases() if lease.owner_pid == os.getpid()]
             for lease in leases:
                 renewals.remove(lease)
-            driver = backend.mark_closed()
+            driver = backend.mark_closed()  # wakes the acquires still waiting: they end with a LockError
             if driver is not None:
+                self._let_waiters_leave(backend, deadline)
                 self._release_at_close(backend, driver, leases, deadline)
             backend.stats.apply_queued()
+            backend.detach()
             if driver is not None:
                 driver.close()
+
+    def _let_waiters_leave(self, backend: Backend[Any], deadline: float) -> None:
+        """Give the acquires the close woke the time to clean up what they queued on the server (a queue entry,
+        a watch), within the close's budget, so that the driver is not closed under them (C-16)."""
+        while backend.acquiring and self.clock() < deadline:
+            pause(CLOSE_POLL)
 
     def _release_at_close(
         self, backend: Backend[Driver], driver: Driver, leases: list[Lease], deadline: float

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -10,12 +11,17 @@ from ..driver import Driver
 from ..errors import ConfigError
 from ..renewal import scheduler
 
-__all__ = ["Guarded", "check_guarded", "face_driver", "finish_even_if_cancelled", "scheduler"]
+__all__ = ["Guarded", "check_guarded", "face_driver", "finish_even_if_cancelled", "pause", "scheduler"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Guarded = Callable[P, T]
 """What this face's ``locked()`` decorates: a plain function."""
+
+
+def pause(seconds: float) -> None:
+    """Let this face's other work run for ``seconds`` (the event loop's tasks; on the blocking face, threads)."""
+    time.sleep(seconds)
 
 
 def face_driver(driver: Driver) -> Driver:

@@ -41,7 +41,10 @@ class Permit(Lock):
 
     def _take(self, token: str, deadline: float | None) -> Grant | None:
         core = self._core
-        return self._permits.acquire_permit(core.name, token, core.ttl, deadline, self._limit, self._mode)
+        permits = self._permits
+        return permits.acquire_permit(
+            core.name, token, core.ttl, deadline, self._limit, self._mode, core.backend.closing
+        )
 
     def _give_back(self, token: str) -> None:
         with contextlib.suppress(LockError):

@@ -413,6 +413,37 @@ class AsyncConformanceSuite(FaceTests):
         with pytest.raises(LockError, match="closed"):
             locker.lock(name)
 
+    async def test_closing_ends_a_waiting_acquire(  # C-16
+        self, url: str, other: lockkit.AsyncLocker, name: str
+    ) -> None:
+        # An acquire still waiting when its locker closes ends with the closed locker's LockError, promptly; it
+        # never hands out a lease of the closed locker later (nothing would release it) nor keeps waiting.
+        holder = other.lock(name, ttl=WAKE_HOLD_TTL)
+        await holder.acquire()
+        locker = lockkit.connect_async(url)
+
+        async def wait() -> BaseException | None:
+            try:
+                await locker.lock(name, ttl=HOLD_TTL).acquire(timeout=WAKE_HOLD_TTL)
+            except LockError as exc:
+                return exc
+            return None
+
+        waiter = Background(wait)
+        await _wait_until_queued(other, name)
+        assert not waiter.done()
+        started = time.monotonic()
+        await locker.aclose()
+        error = await waiter.result(WAKE_HOLD_TTL)
+        took = time.monotonic() - started
+        assert isinstance(error, LockError) and "closed while this acquire waited" in str(error), (
+            f"the waiter got {error!r}"
+        )
+        assert took < SLACK + 5, f"the waiter ended {took:.2f} s after the close"
+        await holder.release()
+        after = await other.lock(name, ttl=HOLD_TTL).acquire(timeout=5)  # nothing of the waiter's is left
+        assert after.valid
+
     async def test_check_reports_round_trip(self, locks: lockkit.AsyncLocker) -> None:
         (result,) = (await locks.check()).values()
         assert isinstance(result, float) and math.isfinite(result)

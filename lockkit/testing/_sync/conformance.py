@@ -415,6 +415,37 @@ class ConformanceSuite(FaceTests):
         with pytest.raises(LockError, match="closed"):
             locker.lock(name)
 
+    def test_closing_ends_a_waiting_acquire(  # C-16
+        self, url: str, other: lockkit.Locker, name: str
+    ) -> None:
+        # An acquire still waiting when its locker closes ends with the closed locker's LockError, promptly; it
+        # never hands out a lease of the closed locker later (nothing would release it) nor keeps waiting.
+        holder = other.lock(name, ttl=WAKE_HOLD_TTL)
+        holder.acquire()
+        locker = lockkit.connect(url)
+
+        def wait() -> BaseException | None:
+            try:
+                locker.lock(name, ttl=HOLD_TTL).acquire(timeout=WAKE_HOLD_TTL)
+            except LockError as exc:
+                return exc
+            return None
+
+        waiter = Background(wait)
+        _wait_until_queued(other, name)
+        assert not waiter.done()
+        started = time.monotonic()
+        locker.close()
+        error = waiter.result(WAKE_HOLD_TTL)
+        took = time.monotonic() - started
+        assert isinstance(error, LockError) and "closed while this acquire waited" in str(error), (
+            f"the waiter got {error!r}"
+        )
+        assert took < SLACK + 5, f"the waiter ended {took:.2f} s after the close"
+        holder.release()
+        after = other.lock(name, ttl=HOLD_TTL).acquire(timeout=5)  # nothing of the waiter's is left
+        assert after.valid
+
     def test_check_reports_round_trip(self, locks: lockkit.Locker) -> None:
         (result,) = locks.check().values()
         assert isinstance(result, float) and math.isfinite(result)
