@@ -277,17 +277,8 @@ def _wait_for_permit(url: str, name: str, face: str, pause: Callable[[], None]) 
     return blocking() if face == "blocking" else asyncio.run(asyncio_face())
 
 
-REDIS_PERMIT_CLEAN_UP = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "C-15: a redis:// permit waiter whose server went silent re-attempts at its deadline and waits the "
-        "node's whole timeout (lockkit/drivers/redis/_async/semaphore.py _send: no `by` bound, unlike the lock's "
-        "attempt), then the blocking face leaves the queue in the caller's thread (semaphore.py, the "
-        "`except BaseException` clean_up, not clean_up_later as single.py does): 7.0 s measured, bound 6 s"
-    ),
-)
 PERMIT_CASES = [
-    pytest.param(kind, face, marks=REDIS_PERMIT_CLEAN_UP if (kind, face) == ("redis", "blocking") else ())
+    pytest.param(kind, face)
     for kind in BACKENDS
     if kind != "redlock"  # (no permits)
     for face in FACES

@@ -381,8 +381,10 @@ class AsyncClusterPermits(AsyncRedisPermits):
     def _keys(self, name: str) -> PermitKeys:
         return cluster_permit_keys(self._cluster.options.prefix, name)
 
-    async def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
-        return await self._cluster._routed(calls)
+    async def _send(
+        self, calls: Sequence[Call], idempotent: bool, by: float | None = None
+    ) -> tuple[list[Any], int, bool]:
+        return await self._cluster._routed(calls)  # each hop has the node's timeout
 
     async def _renew_replies(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
         return await self._cluster._per_master(calls)

@@ -309,8 +309,10 @@ class AsyncSentinelPermits(AsyncRedisPermits):
         super().__init__(driver)
         self._sentinel = driver
 
-    async def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
-        return await self._sentinel._run_on(calls)
+    async def _send(
+        self, calls: Sequence[Call], idempotent: bool, by: float | None = None
+    ) -> tuple[list[Any], int, bool]:
+        return await self._sentinel._run_on(calls)  # bounded by the Sentinel driver's own failover wait
 
     async def _mark(self) -> tuple[int, int]:
         await self._sentinel._located()

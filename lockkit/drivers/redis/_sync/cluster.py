@@ -383,8 +383,10 @@ class ClusterPermits(RedisPermits):
     def _keys(self, name: str) -> PermitKeys:
         return cluster_permit_keys(self._cluster.options.prefix, name)
 
-    def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
-        return self._cluster._routed(calls)
+    def _send(
+        self, calls: Sequence[Call], idempotent: bool, by: float | None = None
+    ) -> tuple[list[Any], int, bool]:
+        return self._cluster._routed(calls)  # each hop has the node's timeout
 
     def _renew_replies(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
         return self._cluster._per_master(calls)

@@ -17,6 +17,7 @@ release's message with one more attempt, whose reply carries the epoch (:meth:`R
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -28,6 +29,7 @@ from ..calls import Call
 from ..flow import checked, ms, recheck_after, waiter_id
 from ..semaphore_scripts import PLAIN_SCRIPTS, PermitKeys, PermitScripts, permit_keys
 from ..watch import SyncWatcher, snapshots
+from .single import ATTEMPT_WAIT
 
 if TYPE_CHECKING:
     from .single import RedisDriver
@@ -47,10 +49,13 @@ class RedisPermits:
     def _keys(self, name: str) -> PermitKeys:
         return permit_keys(self._driver.options.prefix, name)
 
-    def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
+    def _send(
+        self, calls: Sequence[Call], idempotent: bool, by: float | None = None
+    ) -> tuple[list[Any], int, bool]:
         """The replies of ``calls``, the config epoch of the master that ran them (0: none, fences as they are)
-        and whether they may have run twice (sent again after their connection broke under them)."""
-        return self._driver._run(calls, idempotent), 0, False
+        and whether they may have run twice (sent again after their connection broke under them). ``by``: a
+        monotonic instant the replies must come by, if sooner than the node's ``timeout`` (an attempt's)."""
+        return self._driver._run(calls, idempotent, by), 0, False
 
     def _renew_replies(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
         """Each renewal's reply with its master's epoch (one pipeline here; per master on a cluster)."""
@@ -105,9 +110,12 @@ class RedisPermits:
         try:
             while True:
                 sent_at = driver.clock()
+                # As a lock's attempt (single.py): its reply is awaited until the deadline (at least ATTEMPT_WAIT),
+                # if sooner than the node's timeout, so that acquire(timeout=T) reports a silent server by about T
+                by = None if deadline is None else time.monotonic() + max(deadline - sent_at, ATTEMPT_WAIT)
                 # redis:// never sends it again (a lost reply is left by _leave); Sentinel and Cluster may, on the
                 # next master: the script finds its own token and returns its grant, never a second one
-                replies, epoch, _ = self._send(attempt(), False)
+                replies, epoch, _ = self._send(attempt(), False, by)
                 status, value = checked(replies[0], self._label, "semaphore acquire")
                 if status == 1:
                     if replicas and not (isinstance(replies[1], int) and replies[1] >= replicas):
@@ -149,10 +157,14 @@ class RedisPermits:
                     if fence is None:
                         continue  # the next attempt finds our token: its reply names the epoch (and WAITs)
                     return Grant(fence, ttl, queued_at)
-        except BaseException:
+        except BaseException as exc:
             # An attempt or a release may have granted us a permit (its reply or message lost), or we are queued:
-            # remove both now and pass the permit on.
-            driver._background.clean_up(self._leave, name, token, wid)
+            # remove both now and pass the permit on. After an error (a silent server, most often) the blocking
+            # face does it in the background, so that the caller hears of the error by its deadline, as a lock's
+            # acquire does (single.py); after an interrupt, in the caller's thread.
+            background = driver._background
+            clean_up = background.clean_up_later if isinstance(exc, Exception) else background.clean_up
+            clean_up(self._leave, name, token, wid)
             raise
         finally:
             if watcher is not None:

@@ -311,8 +311,10 @@ class SentinelPermits(RedisPermits):
         super().__init__(driver)
         self._sentinel = driver
 
-    def _send(self, calls: Sequence[Call], idempotent: bool) -> tuple[list[Any], int, bool]:
-        return self._sentinel._run_on(calls)
+    def _send(
+        self, calls: Sequence[Call], idempotent: bool, by: float | None = None
+    ) -> tuple[list[Any], int, bool]:
+        return self._sentinel._run_on(calls)  # bounded by the Sentinel driver's own failover wait
 
     def _mark(self) -> tuple[int, int]:
         self._sentinel._located()
