@@ -66,3 +66,24 @@ async def test_async_with_on_a_blocking_lock_says_with_or_connect_async(blocking
         assert not handle.owned()
         with handle as lease:
             assert lease.valid
+
+
+async def test_plain_with_on_an_async_locker_says_async_with() -> None:
+    locks = lockkit.connect_async("memory://")
+    try:
+        with pytest.raises(lockkit.UsageError) as error, locks:  # type: ignore[attr-defined]
+            pass
+        _check(error, "AsyncLocker", "async with", "lockkit.connect()")
+    finally:
+        await locks.aclose()
+
+
+async def test_async_with_on_a_blocking_locker_says_with() -> None:
+    locks = lockkit.connect("memory://")
+    try:
+        with pytest.raises(lockkit.UsageError) as error:
+            async with locks:  # type: ignore[attr-defined]
+                pass
+        _check(error, "Locker", "plain `with`", "lockkit.connect_async()")
+    finally:
+        locks.close()

@@ -18,6 +18,7 @@ from ..config import BackendSpec, Settings, backend_url, where_backend
 from ..configured_backend import Backend
 from ..driver import AsyncDriver, AsyncPermitDriver, Driver, DriverContext, HolderInfo, PermitInfo, PermitMode
 from ..errors import ConfigError, LockError
+from ..face_guard import FaceGuard
 from ..guarded import NameTemplate, enter_call, leave_call
 from ..lease import Lease, LostCallback
 from ..lock_core import DEFAULT_TTL, LockCore
@@ -45,7 +46,7 @@ CLOSE_POLL = 0.005
 """How often the close looks whether the acquires it woke have left their drivers (a few milliseconds each)."""
 
 
-class AsyncLocker:
+class AsyncLocker(FaceGuard):
     """Routes lock names to the configured backends and hands out :class:`AsyncLock` handles.
 
     Make one with :func:`lockkit.connect_async` or :func:`lockkit.from_config_async`, and close it when done.

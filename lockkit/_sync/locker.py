@@ -20,6 +20,7 @@ from ..config import BackendSpec, Settings, backend_url, where_backend
 from ..configured_backend import Backend
 from ..driver import Driver, DriverContext, HolderInfo, PermitDriver, PermitInfo, PermitMode
 from ..errors import ConfigError, LockError
+from ..face_guard import FaceGuard
 from ..guarded import NameTemplate, enter_call, leave_call
 from ..lease import Lease, LostCallback
 from ..lock_core import DEFAULT_TTL, LockCore
@@ -47,7 +48,7 @@ CLOSE_POLL = 0.005
 """How often the close looks whether the acquires it woke have left their drivers (a few milliseconds each)."""
 
 
-class Locker:
+class Locker(FaceGuard):
     """Routes lock names to the configured backends and hands out :class:`Lock` handles.
 
     Make one with :func:`lockkit.connect` or :func:`lockkit.from_config`, and close it when done.
