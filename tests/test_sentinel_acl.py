@@ -34,7 +34,7 @@ def _ask(server: object, *command: str) -> object:
 def _subscribed(sentinel_set: SentinelSet, user: str) -> bool:
     """Whether a sentinel has a pub/sub client of ``user`` subscribed to a channel."""
     return any(
-        f"user={user} " in line and " sub=1 " in line
+        f"user={user} " in line and " sub=0 " not in line and " sub=" in line
         for sentinel in sentinel_set.sentinels
         for line in str(sentinel.ask("CLIENT", "LIST")).splitlines()
     )

@@ -153,6 +153,9 @@ def _db_from_path(url: BackendURL) -> int | None:
 
 def _check_tls(url: BackendURL, options: _Common, tls: bool) -> None:
     given = [n for n in ("tls_ca", "tls_cert", "tls_key") if getattr(options, n) is not None]
+    # The verification switches too, whatever their value: on a URL without TLS they mean the user believes it
+    # has TLS (`redis://…?tls_insecure=true` meant "TLS, unverified" and got plaintext without a word: audit F7).
+    given += [n for n in ("tls_check_hostname", "tls_insecure") if n in url.options]
     if given and not tls:
         # The way to turn TLS on for this scheme: redlock:// has an option (its masters share one scheme),
         # the others a scheme of their own with the extra "s"

@@ -20,7 +20,10 @@ get-master-addr-by-name SERVICE`` and ``SENTINEL MASTER SERVICE`` (for the maste
 that answers is used (and asked first next time). Every fresh connection to the master checks ``ROLE`` before
 it carries anything, so a lock write never reaches a replica. The sentinels are asked again when the master
 refuses connections or drops them, answers ``READONLY`` or ``LOADING``, or ``ROLE`` says replica, and before the
-next call after a sentinel announced ``+switch-master`` (one pub/sub connection to the sentinel that answered).
+next call after the sentinel that answered last announced ``+promoted-slave``, ``+failover-state-reconf-slaves``
+(it names the promoted replica from then on, ~1 s before its ``+switch-master``) or ``+switch-master`` (one
+pub/sub connection to it; also after that connection was down). What a manual failover still leaves open
+(replication cut before the switch, sentinels briefly disagreeing) is in docs/backends/redis.md, R-9.
 Keys, scripts, fair waiting and pub/sub waking are those of ``redis://`` (:mod:`.single`); the wake-up
 connection follows the master, re-subscribes there and wakes every waiter to look again.
 

@@ -11,8 +11,11 @@ sentinels name, with three additions; the URL, guarantees and the failover story
   runs on the master they name, for up to ``failover_wait`` seconds (an acquire: no longer than its own
   timeout, after one attempt); so does a call whose connection broke
   after it was sent (see :meth:`AsyncSentinelDriver._attempt` for why even an acquire may go again);
-* **announcements**: a pub/sub connection to a sentinel hears ``+switch-master``; the next call asks the
-  sentinels before it sends anything (a master that moved without failing is followed before it is used);
+* **announcements**: a pub/sub connection to a sentinel hears ``+promoted-slave`` and
+  ``+failover-state-reconf-slaves`` (the sentinel running a failover names the promoted replica from then on)
+  and ``+switch-master`` (every other sentinel, once it learnt); the next call asks the sentinels before it
+  sends anything (a master that moved without failing is followed before it is used); so does the next call
+  after that connection was re-established (an announcement may have been missed while it was down);
 * **waking across a failover**: the shared pub/sub hub reconnects to the current master, re-subscribes and
   wakes every waiter, which looks again there;
 * **fencing across a failover**: tokens are ``config_epoch << 48 | counter`` (:func:`..epoch.composite_token`),
@@ -29,7 +32,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from redis.exceptions import AuthenticationError, BusyLoadingError, ReadOnlyError, RedisError
@@ -40,6 +43,7 @@ from ....errors import BackendUnavailable
 from ....urls import BackendURL
 from ...epoch import composite_token
 from ..calls import Call
+from ..config import NodeSpec
 from ..errors import translate
 from ..flow import checked, holder_info, release_call
 from ..hub import Hub
@@ -57,6 +61,15 @@ __all__ = ["GUARANTEES", "AsyncSentinelDriver", "AsyncSentinelPermits"]
 log = logging.getLogger("lockkit")
 
 SWITCH_CHANNEL = b"+switch-master"
+ANNOUNCEMENTS = (b"+promoted-slave", b"+failover-state-reconf-slaves", SWITCH_CHANNEL)
+"""A sentinel's events after which it may name another master. The sentinel that runs a failover names the
+promoted replica from ``+promoted-slave`` (and ``+failover-state-reconf-slaves``, published in the same step)
+on, but announces ``+switch-master`` only at ``+failover-end``, once the other replicas were reconfigured (~1 s
+later with two replicas; more, reconfigured ``parallel-syncs`` at a time, take longer). A master demoted by
+``SENTINEL FAILOVER`` stays writable meanwhile, so a client that waited for ``+switch-master`` granted on the old
+master while a client asking afresh granted on the new one (docs audit F6). The other sentinels switch when the
+leader's hello reaches them (~0.1 s later) and announce ``+switch-master`` then. Earlier events are no use
+here: until ``+promoted-slave`` every sentinel still names the old master, so asking again would not move us."""
 _CALLER_GIVES_UP: contextvars.ContextVar[float | None] = contextvars.ContextVar("lockkit_sentinel_until", default=None)
 """The monotonic time the current acquire's own deadline ends at: following a failover never keeps an acquire
 past it (a context variable, so that concurrent tasks and threads each see their own)."""
@@ -92,6 +105,19 @@ def _moved(replies: Sequence[Any]) -> BaseException | None:
     return None
 
 
+def _service_of(event: bytes, parts: list[str]) -> str | None:
+    """The service an announcement is about. ``+switch-master``: ``<service> <old ip> <old port> <new ip> <new
+    port>``; an event about a replica or a sentinel: ``<kind> <name> <ip> <port> @ <service> <ip> <port>``; about a
+    master: ``master <service> <ip> <port>``."""
+    if event == SWITCH_CHANNEL:
+        return parts[0] if parts else None
+    if "@" in parts[:-1]:
+        return parts[parts.index("@") + 1]
+    if len(parts) > 1 and parts[0] == "master":
+        return parts[1]
+    return None
+
+
 class AsyncSentinelDriver(AsyncRedisDriver):
     guarantees: ClassVar[Guarantees] = GUARANTEES
 
@@ -105,9 +131,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         self._generation = 0
         """Bumped at every change of master: a caller that saw an older one knows someone already followed."""
         self._retired: list[AsyncNode] = []
-        # A pub/sub connection to a sentinel, for its +switch-master announcements: a master that moved without
-        # failing (a manual failover, or one the sentinels voted while we could still reach the old master) is
-        # followed at the next call, before anything is sent to the old one.
+        # A pub/sub connection to a sentinel, for its ANNOUNCEMENTS: a master that moved without failing (a manual
+        # failover, or one the sentinels voted while we could still reach the old master) is followed at the next
+        # call, before anything is sent to the old one. Steady state: one flag read per call, no round trip.
         self._switch_hub = Hub(target.sentinels[0])
         self._listening = False
         self._switched = False
@@ -123,6 +149,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         if seen != self._generation and self._where is not None:
             return  # another caller followed already
         master = await self._sentinels.locate()
+        # Listen to the sentinel that answered (it is up, and it is the one asked first next time: what it
+        # announces is what the next question hears); a change takes effect at the hub's next (re)connection.
+        self._switch_hub.retarget(self._sentinels.first)
         where = (master.host, master.port, master.epoch)
         if where == self._where:
             return
@@ -138,18 +167,53 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         self.spec, self._node, self._epoch, self._where = spec, AsyncNode(spec), master.epoch, where
         self._generation += 1
         self._hub.retarget(spec)
-        self._switch_hub.retarget(self._sentinels.first)  # the sentinel that answered: it is up
         if not self._listening:
-            self._listening = True
-            self._background.listen(self._switch_hub, SWITCH_CHANNEL, self._heard)
+            self._listening = True  # first: a concurrent caller must not subscribe a second time
+            try:
+                await self._listen(self._sentinels.first)
+            except BaseException:  # cancelled (or worse) before subscribing: the next follow listens
+                self._listening = False
+                raise
 
-    def _heard(self, message: bytes) -> None:
-        """A ``+switch-master`` announcement (``<service> <old ip> <old port> <new ip> <new port>``), on the
-        hub's loop: only flag it, the next call asks the sentinels (an empty message: the hub reconnected)."""
-        parts = message.decode(errors="replace").split()
-        if parts and parts[0] == self.target.service:
-            self._switched = True
-            log.info("lockkit: a sentinel announced +switch-master for %r: %s", self.target.service, " ".join(parts))
+    async def _listen(self, sentinel: NodeSpec) -> None:
+        """Subscribe the ANNOUNCEMENTS the sentinel's ACL allows (one connection, once per driver). A user whose
+        rule grants ``+switch-master`` only (the rule docs/backends/redis.md gave before) would have every
+        announcement refused if they were subscribed together; it keeps ``+switch-master``, and is told what the
+        missing channels cost. ``+switch-master`` is subscribed even if refused: the hub warns and retries."""
+        refused = await self._sentinels.refused(sentinel, ANNOUNCEMENTS)
+        events = [event for event in ANNOUNCEMENTS if event not in refused or event == SWITCH_CHANNEL]
+        missing = [event.decode() for event in refused if event != SWITCH_CHANNEL]
+        if missing:
+            log.warning(
+                "lockkit: sentinel %s refused this client's subscription to %s: a manual failover (SENTINEL "
+                "FAILOVER) is then followed only at +switch-master, about a second after the sentinels name the new "
+                "master, and two clients can hold one lock meanwhile. Allow the channels (%s) in the sentinel "
+                "user's ACL rule (docs/backends/redis.md)",
+                sentinel.label, ", ".join(missing), " ".join(f"&{event}" for event in missing),
+            )  # fmt: skip
+        for event in events:
+            self._background.listen(self._switch_hub, event, self._hearer(event))
+
+    def _hearer(self, event: bytes) -> Callable[[bytes], None]:
+        """What the hub calls, on its loop, with each message of ``event``'s channel: only a flag is set, the
+        next call asks the sentinels (a question costs a round trip; several announcements cost one)."""
+
+        def heard(message: bytes) -> None:
+            if not message:
+                # The hub's connection to the sentinel failed or was made again (or, blocking face, first
+                # subscribed): an announcement may have gone unheard, so ask once more (and, if that sentinel is
+                # down, another answers and the hub is pointed at it).
+                self._switched = True
+                log.debug("lockkit: the sentinel pub/sub connection for %r came or went", self.target.service)
+                return
+            parts = message.decode(errors="replace").split()
+            if _service_of(event, parts) == self.target.service:
+                self._switched = True
+                log.info(
+                    "lockkit: a sentinel announced %s for %r: %s", event.decode(), self.target.service, " ".join(parts)
+                )
+
+        return heard
 
     async def _located(self) -> None:
         if self._where is None:

@@ -10,6 +10,7 @@ sentinel costs a connect timeout once rather than on every question.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
@@ -81,3 +82,19 @@ class AsyncSentinels:
             + "; ".join(failures)
             + ". Check that the sentinels are up and reachable from this host, and that the URL lists them"
         )
+
+    async def refused(self, spec: NodeSpec, channels: Sequence[bytes]) -> list[bytes]:
+        """The channels of ``channels`` that sentinel ``spec`` refuses this user to subscribe to (an ACL's
+        ``NOPERM``), asked on a connection of its own, one ``SUBSCRIBE`` each: one SUBSCRIBE of several channels is
+        refused whole, so a hub subscribing them together would hear none. Unreachable, or any other trouble:
+        none refused (the hub then finds out, and warns, itself)."""
+        conn = AsyncConnection(spec)
+        try:
+            await conn.connect()
+            await conn.send(pack([("SUBSCRIBE", channel) for channel in channels]))
+            replies = await conn.read(len(channels), time.monotonic() + spec.options.timeout)
+        except RedisError:
+            return []
+        finally:
+            await conn.close()
+        return [c for c, reply in zip(channels, replies, strict=True) if isinstance(reply, ResponseError)]
