@@ -35,6 +35,13 @@ After every step it checks, on the one ``time.monotonic()`` clock that every pro
    the slack; nor a token no lease of the model knows (a cancelled acquire's) for longer than the longest ttl.
 6. **Cancellation**: a cancelled async ``release`` that started ends with the lease no longer valid within
    :data:`SETTLE` seconds (it completes, or the lease is given up): never half-way.
+7. **Drift and renewals**: a lease's deadline is never later than the server's expiry minus the drift margin
+   (where the server reports its time left finely enough: that is how a cancelled or failed ``renew(ttl)``
+   that landed is checked); a renewal that returned leaves a deadline no later than its return + its ttl −
+   drift and, on ttl backends with auto-renewal off, a lease ttl no longer than it asked; LOST and RELEASED
+   are final (a lease never says valid again, a renew never revives it).
+8. **Owner-checked release**: a release by a stale holder never returns as if it released while another
+   lease of the name stays valid throughout the call; the server's fencing token for a name never goes down.
 
 For permits (``permit_holders`` shows counts, not tokens):
 
@@ -77,6 +84,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import lockkit
 from lockkit import BackendUnavailable, LockError, LockLost, LockNotOwned, LockTimeout
 from lockkit.lease import Lease, LeaseState, token_hint
+from lockkit.timing import drift
 
 __all__ = ["HOLD_SLACK", "LOSS_SLACK", "SETTLE", "LockModel", "ModelTarget", "machine_for"]
 
@@ -219,6 +227,8 @@ class Rec:
     """The front end gave it up without knowing whether the server released it (a release that raised)."""
     ended_at: float | None = None
     """The owner closed or died: the server keeps it at most its ttl (session) from here."""
+    over_at: float | None = None
+    """When the lease was first seen LOST or RELEASED: both are final, it must never say valid again."""
 
     def observe(self, t: float, valid: bool) -> None:
         if valid:
@@ -438,6 +448,8 @@ class LockModel(RuleBasedStateMachine):
         self.session_lifetime = False
         self.serial = 0
         self.restarting = False
+        self.server_fences: dict[str, int] = {}
+        """Per name, the highest fencing token the server has named a holder with: it never goes down."""
 
     # -- set-up and tear-down ------------------------------------------------------------------------
 
@@ -672,6 +684,10 @@ class LockModel(RuleBasedStateMachine):
         lease: Lease = handle.lock.lease
         assert lease is rec.lease
         valid_before = lease.valid
+        rivals = [
+            r for r in self.recs
+            if r.name == rec.name and r is not rec and r.mode == "lock" and r.lease is not None and r.lease.valid
+        ]  # fmt: skip
         try:
             self.call(c, handle.lock.release)
             outcome = "ok"
@@ -681,6 +697,12 @@ class LockModel(RuleBasedStateMachine):
             outcome = f"error {type(exc).__name__}"
         t1 = self.now()
         self.note(f"{c.who} release {rec.describe()}: {outcome}")
+        holders = [r for r in rivals if r.lease is not None and r.lease.valid]
+        if outcome == "ok" and holders and rec.mode == "lock":
+            self.fail(
+                f"{rec.describe()}: its release returned as if it released {rec.name!r} while "
+                f"{holders[0].describe()} held it valid throughout the call (must raise LockNotOwned)"
+            )
         if outcome == "ok":
             rec.released_at = t1
             # A lease already lost by its deadline that the server still held is released and stays LOST.
@@ -720,6 +742,7 @@ class LockModel(RuleBasedStateMachine):
         ttl = _renew_ttl(factor, lease)
         rec.max_ttl = max(rec.max_ttl, ttl or 0.0)
         valid_before = lease.valid
+        over_before = lease.state in (LeaseState.LOST, LeaseState.RELEASED)
         t0 = self.now()
         try:
             self.call(c, lambda: handle.lock.renew(ttl))
@@ -735,12 +758,17 @@ class LockModel(RuleBasedStateMachine):
             f"deadline {lease.expires_at - self.t0:.3f} (sent ≥ {t0 - self.t0:.3f})"
         )
         if outcome == "ok":
-            if lease.expires_at > t1 + lease.ttl:
+            if over_before:
+                self.fail(f"{rec.describe()}: renew returned on a lease already {lease.state.value} (must raise)")
+            if lease.expires_at > t1 + lease.ttl - drift(lease.ttl):
                 self.fail(
                     f"{rec.describe()}: renew(ttl={ttl}) returned a lease trusted until "
-                    f"{lease.expires_at - self.t0:.3f}, beyond its send time + its ttl {lease.ttl:g} "
-                    f"(≤ {t1 + lease.ttl - self.t0:.3f})"
+                    f"{lease.expires_at - self.t0:.3f}, beyond its send time + its ttl {lease.ttl:g} − drift "
+                    f"(≤ {t1 + lease.ttl - drift(lease.ttl) - self.t0:.3f})"
                 )
+            # a ttl backend applies the ttl asked (to its resolution); a session backend reports the session's
+            if ttl is not None and not self.session_lifetime and not rec.auto_renew and lease.ttl > ttl + 0.001:
+                self.fail(f"{rec.describe()}: renew(ttl={ttl}) returned a lease of ttl {lease.ttl:g}, longer")
         elif outcome == "lost":
             if lease.valid:
                 self.fail(f"{rec.describe()}: renew raised LockLost but the lease still says valid")
@@ -810,6 +838,7 @@ class LockModel(RuleBasedStateMachine):
             if rec.lease is not None:
                 t = self.now()
                 rec.observe(t, rec.lease.valid)
+                self.check_final(rec, t)
         self.check_exclusion()
         self.check_losses()
         if not self.restarting:
@@ -818,6 +847,22 @@ class LockModel(RuleBasedStateMachine):
                     self.check_permit_server(name)
                 else:
                     self.check_server(name)
+
+    def check_final(self, rec: Rec, t: float) -> None:
+        """LOST and RELEASED are final: once seen, the lease never says valid again (the exclusion check's
+        sampled intervals rely on it too)."""
+        lease = rec.lease
+        assert lease is not None
+        state = lease.state
+        if rec.over_at is None:
+            if state in (LeaseState.LOST, LeaseState.RELEASED):
+                rec.over_at = t
+            return
+        if lease.valid:
+            self.fail(
+                f"{rec.describe()}: says valid again (state {state.value}, deadline {lease.expires_at - self.t0:.3f}) "
+                f"after it was seen lost or released at {rec.over_at - self.t0:.3f}"
+            )
 
     def check_child(self, child: Child) -> None:
         if child.errors:
@@ -953,11 +998,16 @@ class LockModel(RuleBasedStateMachine):
                 self.fail(f"{rec.describe()} says valid but the server says {held} holds {name!r}")
             tolerance = self.target.ttl_left_tolerance
             if tolerance is not None and info.ttl_left is not None:
+                # The server answered by t2, so it expires the lock by t2 + ttl_left (± its resolution); the
+                # lease counts from before the server set that expiry, less the drift margin. Where the
+                # resolution is coarser than the margin (etcd's whole seconds) only the expiry itself is checked.
                 server_end = t2 + info.ttl_left + tolerance
-                if lease.expires_at > server_end:
+                margin = drift(lease.ttl) if tolerance < drift(lease.ttl) else 0.0
+                if lease.expires_at > server_end - margin:
                     self.fail(
                         f"{rec.describe()} trusts its lease until {lease.expires_at - self.t0:.3f} but the server "
-                        f"lets it expire by {server_end - self.t0:.3f} (ttl left {info.ttl_left:.3f})"
+                        f"lets it expire by {server_end - self.t0:.3f} (ttl left {info.ttl_left:.3f}), less the "
+                        f"drift margin {margin:.3f}"
                     )
         if not info.held or info.token_hint is None:
             return
@@ -969,6 +1019,11 @@ class LockModel(RuleBasedStateMachine):
                 self.fail(f"{name!r} held by <{info.token_hint}>, no lease of the model, since {first - self.t0:.3f}")
             return
         rec = known[0]
+        if self.strict and info.fencing_token is not None:
+            last = self.server_fences.get(name)
+            if last is not None and info.fencing_token < last:
+                self.fail(f"the server's fencing token for {name!r} went down from {last} to {info.fencing_token}")
+            self.server_fences[name] = max(last or 0, info.fencing_token)
         if self.strict and info.fencing_token is not None and info.fencing_token != rec.fence:
             self.fail(f"server reports fencing token {info.fencing_token} for {rec.describe()}")
         bound = self.hold_bound(rec, t1)
