@@ -24,7 +24,8 @@ After every step it checks, on the one ``time.monotonic()`` clock that every pro
    instants was valid in between (validity never comes back once gone), so two leases whose sampled intervals
    overlap were both valid at one instant.
 2. **Loss is reported**: a lease that is not released is invalid and has fired ``on_lost`` once by its deadline
-   plus :data:`LOSS_SLACK`; ``on_lost`` never fires while the lease says valid.
+   plus :data:`LOSS_SLACK`, and by :data:`LOSS_SLACK` after it was first seen LOST however early (a refused
+   renewal); ``on_lost`` never fires while the lease says valid.
 3. **Fencing**: where the driver declares ``fencing="strict"``, a lease granted after another's acquire
    returned has a larger token (the server's holder info reports the same token).
 4. **A valid lease is held**: while a lease says valid, the server names its token as the holder, and (where
@@ -229,6 +230,8 @@ class Rec:
     """The owner closed or died: the server keeps it at most its ttl (session) from here."""
     over_at: float | None = None
     """When the lease was first seen LOST or RELEASED: both are final, it must never say valid again."""
+    lost_at: float | None = None
+    """When the lease was first seen LOST (a refused renewal, say, before its deadline): on_lost is due."""
 
     def observe(self, t: float, valid: bool) -> None:
         if valid:
@@ -854,6 +857,13 @@ class LockModel(RuleBasedStateMachine):
         lease = rec.lease
         assert lease is not None
         state = lease.state
+        if state is LeaseState.LOST and rec.lost_at is None:
+            rec.lost_at = t
+        if rec.lost_at is not None and rec.lost is not None and not rec.lost.calls and t > rec.lost_at + LOSS_SLACK:
+            self.fail(
+                f"{rec.describe()}: LOST since {rec.lost_at - self.t0:.3f} ({lease.lost_reason}) and on_lost has "
+                f"not fired"
+            )
         if rec.over_at is None:
             if state in (LeaseState.LOST, LeaseState.RELEASED):
                 rec.over_at = t
