@@ -8,6 +8,8 @@ on fresh, random lock names and drives a random sequence of API calls and faults
   (shorter and longer than the lease's), release, close a client (and open a new one), wait, outlive a lease
   with auto-renewal off (an in-process pause);
 * asyncio face: cancel an acquire, release or renew after a random number of loop iterations or a short delay;
+  stall the event loop (a blocking call in async code) past a lease's deadline, auto-renewal on or off, while
+  a client of the blocking face tries to take the name (lockkit's own threads keep running meanwhile);
 * backends other than ``memory://``: holders in child processes (:mod:`._model_workers`) that the machine
   pauses (SIGSTOP past their ttl, then SIGCONT), kills (SIGKILL) or lets release;
 * targets that can restart their server: restart it (keeping its data).
@@ -451,6 +453,8 @@ class LockModel(RuleBasedStateMachine):
         self.session_lifetime = False
         self.serial = 0
         self.restarting = False
+        self.blocking_client: int | None = None
+        """The index of the blocking-face client that contends while an event loop stalls (made on first use)."""
         self.server_fences: dict[str, int] = {}
         """Per name, the highest fencing token the server has named a holder with: it never goes down."""
 
@@ -799,7 +803,7 @@ class LockModel(RuleBasedStateMachine):
             if rec.lost is not None and not rec.lost.calls:
                 self.fail(f"{rec.describe()}: closing its locker did not fire on_lost")
         self.serial += 1
-        self.clients[ci] = Client(f"c{ci}.{self.serial}", self.url, self.loop)
+        self.clients[ci] = Client(f"c{ci}.{self.serial}", self.url, c.loop)  # the same face as before
         for key in [k for k in self.slots if k[0] == ci]:
             del self.slots[key]
 
@@ -1217,6 +1221,44 @@ class AsyncRules(LockModel):
         if outcome == "cancelled" and started:
             time.sleep(0.3)
         rec.max_ttl = max(rec.max_ttl, lease.ttl)
+
+
+    @rule(which=st.integers(0, 3), extra=st.sampled_from([0.05, 0.5]), contend=st.booleans())
+    def stall_loop(self, which: int, extra: float, contend: bool) -> None:
+        """Block the event loop past a lease's deadline; ``contend``: a blocking-face client tries the name
+        meanwhile. The renewal task cannot run, so the lease may stay valid only if a renewal that landed in
+        time (in a driver's own thread) moved its deadline, and the server then agrees: the checks say."""
+        found = self.held(which)
+        loop = self.loop
+        if found is None or loop is None:
+            return
+        c, handle = found
+        rec = handle.rec
+        if rec is None or rec.lease is None or not rec.lease.valid:
+            return
+        lease = rec.lease
+        pause = lease.expires_at - self.now() + extra
+        if pause > OUTLIVE_MAX:
+            return
+        self.note(f"{c.who}'s loop stalls {pause:.2f}s past the deadline of {rec.describe()} (contend={contend})")
+        unblocked = threading.Event()
+
+        def block() -> None:
+            time.sleep(pause)
+            unblocked.set()
+
+        loop.loop.call_soon_threadsafe(block)
+        try:
+            if contend:
+                time.sleep(max(0.0, lease.expires_at - self.now() + 0.01))
+                if self.blocking_client is None:
+                    self.blocking_client = len(self.clients)
+                    self.clients.append(Client(f"b{self.blocking_client}", self.url, None))
+                self.acquire(self.blocking_client, self.names.index(rec.name), "try", 0.0, 2.0, True, True, 1)
+        finally:
+            if not unblocked.wait(pause + CALL_TIMEOUT):
+                self.fail("the stalled event loop never ran again")
+        self.note(f"{c.who}'s loop runs again")
 
 
 class ChildRules(LockModel):
