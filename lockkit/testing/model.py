@@ -1223,7 +1223,7 @@ class AsyncRules(LockModel):
         rec.max_ttl = max(rec.max_ttl, lease.ttl)
 
 
-    @rule(which=st.integers(0, 3), extra=st.sampled_from([0.05, 0.5]), contend=st.booleans())
+    @rule(which=st.integers(0, 3), extra=st.sampled_from([0.1, 0.5]), contend=st.booleans())
     def stall_loop(self, which: int, extra: float, contend: bool) -> None:
         """Block the event loop past a lease's deadline; ``contend``: a blocking-face client tries the name
         meanwhile. The renewal task cannot run, so the lease may stay valid only if a renewal that landed in
@@ -1250,7 +1250,8 @@ class AsyncRules(LockModel):
         loop.loop.call_soon_threadsafe(block)
         try:
             if contend:
-                time.sleep(max(0.0, lease.expires_at - self.now() + 0.01))
+                # past the server's expiry (the deadline + the drift margin), with the loop still blocked
+                time.sleep(max(0.0, lease.expires_at + drift(lease.ttl) + 0.03 - self.now()))
                 if self.blocking_client is None:
                     self.blocking_client = len(self.clients)
                     self.clients.append(Client(f"b{self.blocking_client}", self.url, None))
