@@ -1160,6 +1160,8 @@ class AsyncRules(LockModel):
         ni, n = self.name(name)
         loop = self.loop
         assert loop is not None
+        if c.loop is None:
+            return  # the blocking-face contender of stall_loop: nothing to cancel
         lost = LostLog()
         rec: Rec | None = None
         ttl = 2.0 if factor is None else factor * 2.0
@@ -1169,7 +1171,7 @@ class AsyncRules(LockModel):
             make: Callable[[], Awaitable[Any]] = lambda: lock.acquire(timeout=3.0)  # noqa: E731
         else:
             found = self.held(client + 2 * name)
-            if found is None or not found[1].lock.owned():
+            if found is None or not found[1].lock.owned() or found[0].loop is None:
                 return
             c, handle = found
             rec = handle.rec
