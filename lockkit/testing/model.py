@@ -8,6 +8,8 @@ on fresh, random lock names and drives a random sequence of API calls and faults
   (shorter and longer than the lease's), release, close a client (and open a new one), wait, outlive a lease
   with auto-renewal off (an in-process pause);
 * asyncio face: cancel an acquire, release or renew after a random number of loop iterations or a short delay;
+  stall the event loop (a blocking call in async code) past a lease's deadline, auto-renewal on or off, while
+  a client of the blocking face tries to take the name (lockkit's own threads keep running meanwhile);
 * backends other than ``memory://``: holders in child processes (:mod:`._model_workers`) that the machine
   pauses (SIGSTOP past their ttl, then SIGCONT), kills (SIGKILL) or lets release;
 * targets that can restart their server: restart it (keeping its data).
@@ -24,7 +26,8 @@ After every step it checks, on the one ``time.monotonic()`` clock that every pro
    instants was valid in between (validity never comes back once gone), so two leases whose sampled intervals
    overlap were both valid at one instant.
 2. **Loss is reported**: a lease that is not released is invalid and has fired ``on_lost`` once by its deadline
-   plus :data:`LOSS_SLACK`; ``on_lost`` never fires while the lease says valid.
+   plus :data:`LOSS_SLACK`, and by :data:`LOSS_SLACK` after it was first seen LOST however early (a refused
+   renewal); ``on_lost`` never fires while the lease says valid.
 3. **Fencing**: where the driver declares ``fencing="strict"``, a lease granted after another's acquire
    returned has a larger token (the server's holder info reports the same token).
 4. **A valid lease is held**: while a lease says valid, the server names its token as the holder, and (where
@@ -35,6 +38,13 @@ After every step it checks, on the one ``time.monotonic()`` clock that every pro
    the slack; nor a token no lease of the model knows (a cancelled acquire's) for longer than the longest ttl.
 6. **Cancellation**: a cancelled async ``release`` that started ends with the lease no longer valid within
    :data:`SETTLE` seconds (it completes, or the lease is given up): never half-way.
+7. **Drift and renewals**: a lease's deadline is never later than the server's expiry minus the drift margin
+   (where the server reports its time left finely enough: that is how a cancelled or failed ``renew(ttl)``
+   that landed is checked); a renewal that returned leaves a deadline no later than its return + its ttl −
+   drift and, on ttl backends with auto-renewal off, a lease ttl no longer than it asked; LOST and RELEASED
+   are final (a lease never says valid again, a renew never revives it).
+8. **Owner-checked release**: a release by a stale holder never returns as if it released while another
+   lease of the name stays valid throughout the call; the server's fencing token for a name never goes down.
 
 For permits (``permit_holders`` shows counts, not tokens):
 
@@ -77,6 +87,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import lockkit
 from lockkit import BackendUnavailable, LockError, LockLost, LockNotOwned, LockTimeout
 from lockkit.lease import Lease, LeaseState, token_hint
+from lockkit.timing import drift
 
 __all__ = ["HOLD_SLACK", "LOSS_SLACK", "SETTLE", "LockModel", "ModelTarget", "machine_for"]
 
@@ -135,6 +146,26 @@ class ModelTarget:
         return {"etcd": 1.0, "zookeeper": None}.get(self.kind, 0.005)
 
 
+def _renewal_wait(task: asyncio.Task[Any], tasks: set[asyncio.Task[Any]]) -> bool:
+    """Whether ``task`` is the renewal task's own sleep: ``wait_event`` runs ``Event.wait()`` of the scheduler's
+    wake-up event in a task of its own, not named ``lockkit-renewal``. The renewal task outlives the last lease
+    by up to two idle ticks plus a stale wake-up (``AsyncRenewalScheduler._run``), so its sleep is still pending
+    for a while after every locker closed: that is the renewal task, not a leftover (seen as a flake of
+    test_model[redis-async], seed 4)."""
+    coro = task.get_coro()
+    frame = getattr(coro, "cr_frame", None)
+    if frame is None or getattr(coro, "__qualname__", "") != "Event.wait":
+        return False
+    event = frame.f_locals.get("self")
+    for other in tasks:
+        if other.get_name() == "lockkit-renewal":
+            run = getattr(other.get_coro(), "cr_frame", None)
+            scheduler = run.f_locals.get("self") if run is not None else None
+            if event is not None and getattr(scheduler, "_wakeup", None) is event:
+                return True
+    return False
+
+
 class LoopThread:
     """An event loop running in its own thread for the whole example: the async renewal task keeps running
     while the machine sleeps, as it would in an application."""
@@ -156,7 +187,9 @@ class LoopThread:
 
         async def pending() -> list[asyncio.Task[Any]]:
             me = asyncio.current_task()
-            return [t for t in asyncio.all_tasks() if t is not me and t.get_name() != "lockkit-renewal"]
+            tasks = asyncio.all_tasks()
+            renewal = [t for t in tasks if t.get_name() == "lockkit-renewal"]
+            return [t for t in tasks if t is not me and t not in renewal and not _renewal_wait(t, tasks)]
 
         deadline = time.monotonic() + wait
         while True:
@@ -219,6 +252,10 @@ class Rec:
     """The front end gave it up without knowing whether the server released it (a release that raised)."""
     ended_at: float | None = None
     """The owner closed or died: the server keeps it at most its ttl (session) from here."""
+    over_at: float | None = None
+    """When the lease was first seen LOST or RELEASED: both are final, it must never say valid again."""
+    lost_at: float | None = None
+    """When the lease was first seen LOST (a refused renewal, say, before its deadline): on_lost is due."""
 
     def observe(self, t: float, valid: bool) -> None:
         if valid:
@@ -438,6 +475,10 @@ class LockModel(RuleBasedStateMachine):
         self.session_lifetime = False
         self.serial = 0
         self.restarting = False
+        self.blocking_client: int | None = None
+        """The index of the blocking-face client that contends while an event loop stalls (made on first use)."""
+        self.server_fences: dict[str, int] = {}
+        """Per name, the highest fencing token the server has named a holder with: it never goes down."""
 
     # -- set-up and tear-down ------------------------------------------------------------------------
 
@@ -672,6 +713,10 @@ class LockModel(RuleBasedStateMachine):
         lease: Lease = handle.lock.lease
         assert lease is rec.lease
         valid_before = lease.valid
+        rivals = [
+            r for r in self.recs
+            if r.name == rec.name and r is not rec and r.mode == "lock" and r.lease is not None and r.lease.valid
+        ]  # fmt: skip
         try:
             self.call(c, handle.lock.release)
             outcome = "ok"
@@ -681,6 +726,12 @@ class LockModel(RuleBasedStateMachine):
             outcome = f"error {type(exc).__name__}"
         t1 = self.now()
         self.note(f"{c.who} release {rec.describe()}: {outcome}")
+        holders = [r for r in rivals if r.lease is not None and r.lease.valid]
+        if outcome == "ok" and holders and rec.mode == "lock":
+            self.fail(
+                f"{rec.describe()}: its release returned as if it released {rec.name!r} while "
+                f"{holders[0].describe()} held it valid throughout the call (must raise LockNotOwned)"
+            )
         if outcome == "ok":
             rec.released_at = t1
             # A lease already lost by its deadline that the server still held is released and stays LOST.
@@ -720,6 +771,7 @@ class LockModel(RuleBasedStateMachine):
         ttl = _renew_ttl(factor, lease)
         rec.max_ttl = max(rec.max_ttl, ttl or 0.0)
         valid_before = lease.valid
+        over_before = lease.state in (LeaseState.LOST, LeaseState.RELEASED)
         t0 = self.now()
         try:
             self.call(c, lambda: handle.lock.renew(ttl))
@@ -735,12 +787,17 @@ class LockModel(RuleBasedStateMachine):
             f"deadline {lease.expires_at - self.t0:.3f} (sent ≥ {t0 - self.t0:.3f})"
         )
         if outcome == "ok":
-            if lease.expires_at > t1 + lease.ttl:
+            if over_before:
+                self.fail(f"{rec.describe()}: renew returned on a lease already {lease.state.value} (must raise)")
+            if lease.expires_at > t1 + lease.ttl - drift(lease.ttl):
                 self.fail(
                     f"{rec.describe()}: renew(ttl={ttl}) returned a lease trusted until "
-                    f"{lease.expires_at - self.t0:.3f}, beyond its send time + its ttl {lease.ttl:g} "
-                    f"(≤ {t1 + lease.ttl - self.t0:.3f})"
+                    f"{lease.expires_at - self.t0:.3f}, beyond its send time + its ttl {lease.ttl:g} − drift "
+                    f"(≤ {t1 + lease.ttl - drift(lease.ttl) - self.t0:.3f})"
                 )
+            # a ttl backend applies the ttl asked (to its resolution); a session backend reports the session's
+            if ttl is not None and not self.session_lifetime and not rec.auto_renew and lease.ttl > ttl + 0.001:
+                self.fail(f"{rec.describe()}: renew(ttl={ttl}) returned a lease of ttl {lease.ttl:g}, longer")
         elif outcome == "lost":
             if lease.valid:
                 self.fail(f"{rec.describe()}: renew raised LockLost but the lease still says valid")
@@ -768,7 +825,7 @@ class LockModel(RuleBasedStateMachine):
             if rec.lost is not None and not rec.lost.calls:
                 self.fail(f"{rec.describe()}: closing its locker did not fire on_lost")
         self.serial += 1
-        self.clients[ci] = Client(f"c{ci}.{self.serial}", self.url, self.loop)
+        self.clients[ci] = Client(f"c{ci}.{self.serial}", self.url, c.loop)  # the same face as before
         for key in [k for k in self.slots if k[0] == ci]:
             del self.slots[key]
 
@@ -810,6 +867,7 @@ class LockModel(RuleBasedStateMachine):
             if rec.lease is not None:
                 t = self.now()
                 rec.observe(t, rec.lease.valid)
+                self.check_final(rec, t)
         self.check_exclusion()
         self.check_losses()
         if not self.restarting:
@@ -818,6 +876,29 @@ class LockModel(RuleBasedStateMachine):
                     self.check_permit_server(name)
                 else:
                     self.check_server(name)
+
+    def check_final(self, rec: Rec, t: float) -> None:
+        """LOST and RELEASED are final: once seen, the lease never says valid again (the exclusion check's
+        sampled intervals rely on it too)."""
+        lease = rec.lease
+        assert lease is not None
+        state = lease.state
+        if state is LeaseState.LOST and rec.lost_at is None:
+            rec.lost_at = t
+        if rec.lost_at is not None and rec.lost is not None and not rec.lost.calls and t > rec.lost_at + LOSS_SLACK:
+            self.fail(
+                f"{rec.describe()}: LOST since {rec.lost_at - self.t0:.3f} ({lease.lost_reason}) and on_lost has "
+                f"not fired"
+            )
+        if rec.over_at is None:
+            if state in (LeaseState.LOST, LeaseState.RELEASED):
+                rec.over_at = t
+            return
+        if lease.valid:
+            self.fail(
+                f"{rec.describe()}: says valid again (state {state.value}, deadline {lease.expires_at - self.t0:.3f}) "
+                f"after it was seen lost or released at {rec.over_at - self.t0:.3f}"
+            )
 
     def check_child(self, child: Child) -> None:
         if child.errors:
@@ -953,11 +1034,16 @@ class LockModel(RuleBasedStateMachine):
                 self.fail(f"{rec.describe()} says valid but the server says {held} holds {name!r}")
             tolerance = self.target.ttl_left_tolerance
             if tolerance is not None and info.ttl_left is not None:
+                # The server answered by t2, so it expires the lock by t2 + ttl_left (± its resolution); the
+                # lease counts from before the server set that expiry, less the drift margin. Where the
+                # resolution is coarser than the margin (etcd's whole seconds) only the expiry itself is checked.
                 server_end = t2 + info.ttl_left + tolerance
-                if lease.expires_at > server_end:
+                margin = drift(lease.ttl) if tolerance < drift(lease.ttl) else 0.0
+                if lease.expires_at > server_end - margin:
                     self.fail(
                         f"{rec.describe()} trusts its lease until {lease.expires_at - self.t0:.3f} but the server "
-                        f"lets it expire by {server_end - self.t0:.3f} (ttl left {info.ttl_left:.3f})"
+                        f"lets it expire by {server_end - self.t0:.3f} (ttl left {info.ttl_left:.3f}), less the "
+                        f"drift margin {margin:.3f}"
                     )
         if not info.held or info.token_hint is None:
             return
@@ -969,6 +1055,11 @@ class LockModel(RuleBasedStateMachine):
                 self.fail(f"{name!r} held by <{info.token_hint}>, no lease of the model, since {first - self.t0:.3f}")
             return
         rec = known[0]
+        if self.strict and info.fencing_token is not None:
+            last = self.server_fences.get(name)
+            if last is not None and info.fencing_token < last:
+                self.fail(f"the server's fencing token for {name!r} went down from {last} to {info.fencing_token}")
+            self.server_fences[name] = max(last or 0, info.fencing_token)
         if self.strict and info.fencing_token is not None and info.fencing_token != rec.fence:
             self.fail(f"server reports fencing token {info.fencing_token} for {rec.describe()}")
         bound = self.hold_bound(rec, t1)
@@ -1069,6 +1160,8 @@ class AsyncRules(LockModel):
         ni, n = self.name(name)
         loop = self.loop
         assert loop is not None
+        if c.loop is None:
+            return  # the blocking-face contender of stall_loop: nothing to cancel
         lost = LostLog()
         rec: Rec | None = None
         ttl = 2.0 if factor is None else factor * 2.0
@@ -1078,7 +1171,7 @@ class AsyncRules(LockModel):
             make: Callable[[], Awaitable[Any]] = lambda: lock.acquire(timeout=3.0)  # noqa: E731
         else:
             found = self.held(client + 2 * name)
-            if found is None or not found[1].lock.owned():
+            if found is None or not found[1].lock.owned() or found[0].loop is None:
                 return
             c, handle = found
             rec = handle.rec
@@ -1152,6 +1245,45 @@ class AsyncRules(LockModel):
         if outcome == "cancelled" and started:
             time.sleep(0.3)
         rec.max_ttl = max(rec.max_ttl, lease.ttl)
+
+
+    @rule(which=st.integers(0, 3), extra=st.sampled_from([0.1, 0.5]), contend=st.booleans())
+    def stall_loop(self, which: int, extra: float, contend: bool) -> None:
+        """Block the event loop past a lease's deadline; ``contend``: a blocking-face client tries the name
+        meanwhile. The renewal task cannot run, so the lease may stay valid only if a renewal that landed in
+        time (in a driver's own thread) moved its deadline, and the server then agrees: the checks say."""
+        found = self.held(which)
+        loop = self.loop
+        if found is None or loop is None:
+            return
+        c, handle = found
+        rec = handle.rec
+        if rec is None or rec.lease is None or not rec.lease.valid:
+            return
+        lease = rec.lease
+        pause = lease.expires_at - self.now() + extra
+        if pause > OUTLIVE_MAX:
+            return
+        self.note(f"{c.who}'s loop stalls {pause:.2f}s past the deadline of {rec.describe()} (contend={contend})")
+        unblocked = threading.Event()
+
+        def block() -> None:
+            time.sleep(pause)
+            unblocked.set()
+
+        loop.loop.call_soon_threadsafe(block)
+        try:
+            if contend:
+                # past the server's expiry (the deadline + the drift margin), with the loop still blocked
+                time.sleep(max(0.0, lease.expires_at + drift(lease.ttl) + 0.03 - self.now()))
+                if self.blocking_client is None:
+                    self.blocking_client = len(self.clients)
+                    self.clients.append(Client(f"b{self.blocking_client}", self.url, None))
+                self.acquire(self.blocking_client, self.names.index(rec.name), "try", 0.0, 2.0, True, True, 1)
+        finally:
+            if not unblocked.wait(pause + CALL_TIMEOUT):
+                self.fail("the stalled event loop never ran again")
+        self.note(f"{c.who}'s loop runs again")
 
 
 class ChildRules(LockModel):
