@@ -217,6 +217,8 @@ def test_C15_server_paused_while_an_acquire_waits_is_bounded(target: Target, fac
     print(f"C-15 {kind} {face}: {type(outcome).__name__} after {took:.2f} s (bound {bound:g} s)")
     assert not hung, f"still waiting {bound + 5:g} s after the acquire began ({took:.2f} s in all)"
     assert isinstance(outcome, (LockTimeout, BackendUnavailable)), outcome
+    if kind == "etcd":  # its dequeue at the deadline got no answer: the cluster is named, not a busy lock
+        assert isinstance(outcome, BackendUnavailable), outcome
     assert took < bound, f"{type(outcome).__name__} after {took:.2f} s, bound {bound:g} s"
     if held.fenced:
         assert later > held.fencing_token

@@ -136,6 +136,13 @@ class EtcdDriver:
                 self._forget(token)  # granted to nobody who will use it,
                 waiter.orphan()  # so a later sweep deletes the key (a no-op if the waiter already left it there)
                 raise
+            if waiter.unanswered is not None and not (cancel is not None and cancel.cancelled):
+                # At the deadline the cluster did not answer our dequeue (C-15): say so, not "the lock was not
+                # free", whose advice (retry later, a larger timeout) does not fit. The sweep deletes the key.
+                raise BackendUnavailable(
+                    f"etcd at {self._client.shown} stopped answering while this acquire waited: giving up its "
+                    f"place at its deadline got no answer ({waiter.unanswered}); check the cluster, then retry"
+                ) from waiter.unanswered
             if not waiter.vanished:  # a one-shot attempt found the name taken, or we gave up (deadline, cancel)
                 return None
         raise BackendUnavailable(

@@ -91,6 +91,8 @@ class Waiter:
         """Our key's create_revision, once placed (0 before)."""
         self.valid_from = 0.0
         """When granted: the clock time the lock's validity counts from (a keepalive's or the create's send time)."""
+        self.unanswered: BackendUnavailable | None = None
+        """Why giving up our place (:meth:`abandon`) got no answer: the cluster stopped answering while we waited."""
         self._predecessor = b""
         self._seen = 0
         """The revision at which ``_predecessor`` was read: a wait watches for its delete after it."""
@@ -281,9 +283,10 @@ class Waiter:
         delete = rpc.TxnRequest(compare=[cmp_created(self.key, self.revision)], success=[delete_op(self.key)])
         try:
             self._queue.client.txn(delete, "dequeue")
-        except BackendUnavailable:
+        except BackendUnavailable as exc:
             self.orphan()
             self.state = State.ABANDONED
+            self.unanswered = exc
         else:
             self._gone(State.ABANDONED)
 
