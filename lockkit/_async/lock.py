@@ -75,19 +75,20 @@ class AsyncLock(FaceGuard):
         acquiring = backend.acquiring
         while True:
             acquiring.add(token)
-            try:
-                grant = await self._take(token, deadline)
-            except LockError as exc:
-                backend.stats.count("errors")
-                if backend.closed:  # the driver's own word for it ("driver closed", "connection closed")
-                    raise core.closed_while_waiting() from exc
-                raise
+            try:  # until it leaves ``acquiring``, the close waits for it before closing the driver
+                try:
+                    grant = await self._take(token, deadline)
+                except LockError as exc:
+                    backend.stats.count("errors")
+                    if backend.closed:  # the driver's own word for it ("driver closed", "connection closed")
+                        raise core.closed_while_waiting() from exc
+                    raise
+                if backend.closed:  # closed while it waited (C-16): a grant now would be a closed locker's
+                    if grant is not None:
+                        await self._give_back(token)
+                    raise core.closed_while_waiting()
             finally:
                 acquiring.discard(token)
-            if backend.closed:  # closed while it waited (C-16): a grant now would be a closed locker's
-                if grant is not None:
-                    await self._give_back(token)
-                raise core.closed_while_waiting()
             if grant is None:
                 raise core.timed_out(timeout)
             lease = core.granted(token, grant, started)
