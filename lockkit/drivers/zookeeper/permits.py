@@ -169,6 +169,25 @@ class ZooKeeperPermits:
         mode: PermitMode,
         cancel: Cancel | None = None,
     ) -> Grant | None:
+        silent: list[bool] = []
+        grant = self._acquire_permit(name, token, ttl, deadline, limit, mode, cancel, silent)
+        if grant is None and silent and not (cancel is not None and cancel.cancelled):
+            # taken until the deadline, and then ZooKeeper did not answer our giving up (C-15): a silent server
+            raise self._s.unreachable("it stopped answering while this acquire waited for a permit")
+        return grant
+
+    def _acquire_permit(
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        deadline: float | None,
+        limit: int,
+        mode: PermitMode,
+        cancel: Cancel | None,
+        silent: list[bool],
+    ) -> Grant | None:
+        """:meth:`acquire_permit`; ``silent`` gets an entry if giving up its place got no answer in time."""
         s = self._s
         end = s.end_of(deadline)
         parent = self._path(name)
@@ -233,7 +252,7 @@ class ZooKeeperPermits:
             # when it was not granted
             if (node.child is not None or node.pending) and (mode == "permit" or not granted):
                 known = not node.pending and node.child is not None
-                s.abandon(
+                settled = s.abandon(
                     node.parent,
                     node.stem,
                     node.child if known else None,
@@ -242,6 +261,8 @@ class ZooKeeperPermits:
                     background=unreachable,
                     within=s.connect_grace,  # a server silent since we began waiting must not hold us (C-15)
                 )
+                if not settled and not granted and not unreachable:
+                    silent.append(True)
             if not granted:
                 child = lease.rpartition("/")[2]
                 for owner in set(sent):  # a permit whose create may have gone through: not ours to keep

@@ -321,8 +321,10 @@ class Session:
         *,
         background: bool = False,
         within: float | None = None,
-    ) -> None:
-        """Delete a node we gave up on (found by its uuid prefix if its name is unknown), with retries.
+    ) -> bool:
+        """Delete a node we gave up on (found by its uuid prefix if its name is unknown), with retries; whether
+        that is settled here (deleted, gone, or not ours), not left to a thread or the next reconnect because
+        ZooKeeper did not answer.
 
         Only a node whose ``ephemeralOwner`` is ``owner``, the session that created it, and whose czxid
         is ``czxid`` when known: a node that another client created at the same path (or that our session
@@ -338,7 +340,7 @@ class Session:
         thirds of the session timeout: without the bound an ``acquire(timeout=3)`` returned after about 9 s (C-15).
         """
         if owner is None or self._ready is None:
-            return
+            return True
         if background:
             threading.Thread(
                 target=self.abandon,
@@ -346,7 +348,7 @@ class Session:
                 name="lockkit-zookeeper-cleanup",
                 daemon=True,
             ).start()
-            return
+            return False
         end = None if within is None else self._clock() + within
         for attempt in range(CLEANUP_TRIES):
             kz = self._ready
@@ -369,21 +371,21 @@ class Session:
                         deleted = kz.delete_async(path, stat.version)
                         self.call(deleted, f"delete {path}", (NoNodeError, BadVersionError), end)
                 self.tidy_parent(parent)
-                return
+                return True
             except NoNodeError:
-                return
+                return True
             except Transient:
                 if end is not None and self._clock() >= end:
                     # no answer within the caller's bound: the retries (each up to a session timeout) go on
                     # on a thread of their own; a node deleted twice costs a NoNodeError there
-                    self.abandon(parent, prefix, child, owner, czxid, background=True)
-                    return
+                    return self.abandon(parent, prefix, child, owner, czxid, background=True)
                 time.sleep(0.05 * 2**attempt)
             except (BackendUnavailable, ConfigError):  # access denied: nothing to retry; the session's end removes it
                 log.warning("lockkit: could not delete our ZooKeeper node under %s", parent, exc_info=True)
-                return
+                return True
         with self._mutex:
             self._orphans.append((parent, prefix, child, owner, czxid))
+        return False
 
     # -- a watched node's deletion, told on kazoo's connection thread (see .client._tell_deletions) --
 

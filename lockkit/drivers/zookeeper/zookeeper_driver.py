@@ -123,6 +123,8 @@ class _Contender:
     """The list our predecessor's deletion sent at once (session id, send time, kazoo async result)."""
     done: bool = False
     """The acquire returned: a watch that fires later sends nothing."""
+    silent: bool = False
+    """Giving up our place (a timeout) got no answer within the grace: ZooKeeper stopped answering meanwhile."""
 
 
 class ZooKeeperDriver(ZooKeeperPresence):
@@ -166,12 +168,22 @@ class ZooKeeperDriver(ZooKeeperPresence):
     def acquire(
         self, name: str, token: str, ttl: float, deadline: float | None, cancel: Cancel | None = None
     ) -> Grant | None:
+        c = _Contender(self._layout.parent(name), self._layout.new_stem(), token_hint(token).encode())
+        grant = self._acquire(c, token, ttl, deadline, cancel)
+        if grant is None and c.silent and not (cancel is not None and cancel.cancelled):
+            # The lock was taken until the deadline, and then ZooKeeper did not answer our giving up (C-15): a
+            # silent server, not "not free in time", whose advice (retry later, a larger timeout) does not fit.
+            raise self._session.unreachable("it stopped answering while this acquire waited for the lock")
+        return grant
+
+    def _acquire(
+        self, c: _Contender, token: str, ttl: float, deadline: float | None, cancel: Cancel | None
+    ) -> Grant | None:
         s = self._session
         # Waits for a connection or a reply stop at ``end``: the deadline, or CONNECT_GRACE from now for a
         # shorter one (try_acquire), and connect_timeout at most. Past it, an unreachable server is a
         # BackendUnavailable, not a LockTimeout: nobody was seen holding the lock.
         end = s.end_of(deadline)
-        c = _Contender(self._layout.parent(name), self._layout.new_stem(), token_hint(token).encode())
         wake = threading.Event()
         unhook = s.add_waker(wake.set)
         uncancel = cancel.on_cancel(wake.set) if cancel is not None else None
@@ -241,7 +253,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                 # Otherwise (a timeout, a cancel) wait for the clean-up as long as a short call would wait for a
                 # reply at most: a server that went silent while we waited must not hold the caller (C-15).
                 known = not c.pending and c.child is not None
-                s.abandon(
+                settled = s.abandon(
                     c.parent,
                     c.prefix,
                     c.child if known else None,
@@ -250,6 +262,7 @@ class ZooKeeperDriver(ZooKeeperPresence):
                     background=unreachable,
                     within=s.connect_grace,
                 )
+                c.silent = not settled and not unreachable
 
     def _relist(self, c: _Contender, sid: int) -> Callable[[], None]:
         """Send our next list at once: on our predecessor's deletion, on kazoo's connection thread.
