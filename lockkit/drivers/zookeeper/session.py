@@ -212,6 +212,11 @@ class Session:
         if end is not None:
             limit = min(limit, end)
         while True:
+            kz = self._kz
+            if not self._auth_failed and kz is not None and kz.client_state == KeeperState.AUTH_FAILED:
+                # Refused before kazoo ever reported CONNECTED: its state stayed LOST, so no listener was told
+                # (kazoo skips a change to the state it is in); seen under load as a 10 s "no connection".
+                self._auth_failed = True
             if self._auth_failed:
                 raise self.login.refused("log in", AuthFailedError())
             sid = self.session_id()
