@@ -26,8 +26,9 @@ After every step it checks, on the one ``time.monotonic()`` clock that every pro
    instants was valid in between (validity never comes back once gone), so two leases whose sampled intervals
    overlap were both valid at one instant.
 2. **Loss is reported**: a lease that is not released is invalid and has fired ``on_lost`` once by its deadline
-   plus :data:`LOSS_SLACK`, and by :data:`LOSS_SLACK` after it was first seen LOST however early (a refused
-   renewal); ``on_lost`` never fires while the lease says valid.
+   plus :data:`LOSS_SLACK` (or, when that deadline fell inside a stalled event loop, by LOSS_SLACK after the
+   loop ran again: an asyncio lease's on_lost comes from that loop), and by :data:`LOSS_SLACK` after it was
+   first seen LOST however early (a refused renewal); ``on_lost`` never fires while the lease says valid.
 3. **Fencing**: where the driver declares ``fencing="strict"``, a lease granted after another's acquire
    returned has a larger token (the server's holder info reports the same token).
 4. **A valid lease is held**: while a lease says valid, the server names its token as the holder, and (where
@@ -478,6 +479,9 @@ class LockModel(RuleBasedStateMachine):
         self.blocking_client: int | None = None
         """The index of the blocking-face client that contends while an event loop stalls (made on first use)."""
         self.server_fences: dict[str, int] = {}
+        self.loop_ran_again_at = 0.0
+        """When the event loop last ran again after a ``stall_loop``: an asyncio lease's on_lost comes from a task
+        on that loop, so its LOSS_SLACK counts from then when its deadline fell inside the stall."""
         """Per name, the highest fencing token the server has named a holder with: it never goes down."""
 
     # -- set-up and tear-down ------------------------------------------------------------------------
@@ -947,8 +951,10 @@ class LockModel(RuleBasedStateMachine):
             kind, limit = self.specs[ni]
             mine = [r for r in recs if r.name == name]
             if kind == "semaphore":
-                edges = sorted([(self.span(r)[0], 0, r) for r in mine] + [(self.span(r)[1], 1, r) for r in mine],
-                               key=lambda e: (e[0], e[1]))
+                edges = sorted(
+                    [(self.span(r)[0], 0, r) for r in mine] + [(self.span(r)[1], 1, r) for r in mine],
+                    key=lambda e: (e[0], e[1]),
+                )
                 live: list[Rec] = []
                 for t, end, rec in edges:
                     if end:
@@ -989,7 +995,7 @@ class LockModel(RuleBasedStateMachine):
             if now > lease.expires_at + LOSS_SLACK:
                 if lease.valid:
                     self.fail(f"{rec.describe()}: valid after its deadline")
-                if not calls:
+                if not calls and now > max(lease.expires_at, self.loop_ran_again_at) + LOSS_SLACK:
                     self.fail(
                         f"{rec.describe()}: its deadline {lease.expires_at - self.t0:.3f} passed "
                         f"{now - lease.expires_at:.3f} s ago and on_lost has not fired (state {lease.state.value})"
@@ -1069,7 +1075,6 @@ class LockModel(RuleBasedStateMachine):
                 f"(it had to be free by {bound[0] - self.t0:.3f})"
             )
 
-
     def check_permit_server(self, name: str) -> None:
         """What ``permit_holders`` shows (counts, not tokens) agrees with the model's leases.
 
@@ -1093,8 +1098,7 @@ class LockModel(RuleBasedStateMachine):
         recs = [r for r in self.all_recs() if r.name == name]
         valid = [r for r in recs if (r.lease.valid if r.lease is not None else (r.last_valid or 0.0) >= t2)]
         shown = (
-            f"{name!r} ({kind}): the server counts {info.holders} holder(s) (writer={info.writer}, "
-            f"limit={info.limit})"
+            f"{name!r} ({kind}): the server counts {info.holders} holder(s) (writer={info.writer}, limit={info.limit})"
         )
         if info.limit is not None and info.limit != limit:
             self.fail(f"{shown}, but every handle of the model uses limit {limit}")
@@ -1246,7 +1250,6 @@ class AsyncRules(LockModel):
             time.sleep(0.3)
         rec.max_ttl = max(rec.max_ttl, lease.ttl)
 
-
     @rule(which=st.integers(0, 3), extra=st.sampled_from([0.1, 0.5]), contend=st.booleans())
     def stall_loop(self, which: int, extra: float, contend: bool) -> None:
         """Block the event loop past a lease's deadline; ``contend``: a blocking-face client tries the name
@@ -1283,6 +1286,7 @@ class AsyncRules(LockModel):
         finally:
             if not unblocked.wait(pause + CALL_TIMEOUT):
                 self.fail("the stalled event loop never ran again")
+        self.loop_ran_again_at = self.now()
         self.note(f"{c.who}'s loop runs again")
 
 
@@ -1315,8 +1319,9 @@ class ChildRules(LockModel):
         }
         child = Child(who, cfg, self.workdir)
         self.children.append(child)
-        if not child.wait_for(lambda: child.rec is not None or child.timed_out or bool(child.errors),
-                              CHILD_START_TIMEOUT + timeout):
+        if not child.wait_for(
+            lambda: child.rec is not None or child.timed_out or bool(child.errors), CHILD_START_TIMEOUT + timeout
+        ):
             self.fail(f"{who} neither acquired nor timed out\n{child.stderr_tail()}")
         self.check_child(child)
         if child.rec is None:
@@ -1427,4 +1432,3 @@ def machine_for(target: ModelTarget) -> type[LockModel]:
     name += "_restart" if target.restart else ""
     machine: type[LockModel] = type(name, (*bases, LockModel) if bases else (LockModel,), {"target": target})
     return machine
-
