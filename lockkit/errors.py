@@ -4,8 +4,9 @@
 
     LockError
     ├── LockTimeout            acquire(timeout=…) ran out before the lock was free
-    ├── LockNotOwned           release/renew of a lock this lease no longer holds on the server
-    ├── LockLost               the lease ended (expired, renewal failed, session lost) while held
+    ├── LockNotOwned           release of a lock the server no longer holds for this lease; release/renew
+    │                          on a handle that holds none
+    ├── LockLost               the lease ended (expired, renewal refused or failed, session lost) while held
     ├── BackendUnavailable     the server (or a quorum of servers) could not be reached
     ├── ConfigError            bad URL, option, TTL or config file          (also a ValueError)
     ├── InvalidLockName        empty, over-long or non-str lock name        (also a ValueError)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from backends.pytest_fixtures import RedisFactory
+
 LOCKKIT = [sys.executable, "-m", "lockkit.cli"]
 SECRET = "s3cr3t-XYZ"
 
@@ -179,3 +181,32 @@ def test_run_sigkills_a_child_that_ignores_sigterm_after_a_loss(url: str, tmp_pa
         proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_run_whose_release_finds_the_lock_gone_exits_70(url: str) -> None:
+    """The command finished, but the lock had been taken from it by then: its end may have run unlocked."""
+    force = f"{' '.join(LOCKKIT)} release --force job --url {url}"
+    result = subprocess.run(
+        [*LOCKKIT, "run", "job", "--url", url, "--", "sh", "-c", force], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 70, result.stderr
+    assert "the command finished, but 'job' was no longer ours at release" in result.stderr
+
+
+def test_run_whose_release_cannot_reach_the_backend_exits_1(fresh_redis: RedisFactory) -> None:
+    """docs/cli.md's exit codes: the command ran under the lock and the backend then stopped answering, so
+    whether the release took is unknown: that is "the backend could not be reached" (1), not a lost lock (70,
+    which this exited with before)."""
+    server = fresh_redis()
+    url = f"{server.url}?timeout=0.5"
+    try:
+        result = subprocess.run(
+            [*LOCKKIT, "run", "job", "--url", url, "--", "sh", "-c", f"kill -STOP {server.pid}"],  # the server freezes
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        server.resume()
+    assert result.returncode == 1, result.stderr
+    assert "exited with code 0 under the lock, but the release could not reach the backend" in result.stderr

@@ -99,6 +99,54 @@ def test_forked_child_never_uses_the_parents_socket(pool_for: tuple[ConnectionPo
     pool.release(again)
 
 
+def test_a_forked_child_of_an_asyncio_locker_never_uses_the_parents_socket(redis_server: RedisServer) -> None:
+    """docs/backends/redis.md: a forked child never uses its parent's connections, on both faces. The asyncio
+    pool had no fork hook: a child forked from a process whose asyncio locker had made calls (a worker that runs
+    its own ``asyncio.run``) took the parent's connection, whose transport belongs to the parent's event loop,
+    and its acquire failed (exit code 2 here before the fix)."""
+    name = f"fork-{uuid.uuid4().hex[:8]}"
+
+    async def parent() -> None:
+        async with lockkit.connect_async(redis_server.url + "?timeout=1") as locks:
+            lock = locks.lock(name + "-parent", ttl=5)
+            await lock.acquire(timeout=2)  # the pool holds a connection now
+            await lock.release()
+            pid = os.fork()
+            if pid == 0:
+                os._exit(_in_the_child(locks))
+            _, status = await asyncio.get_running_loop().run_in_executor(None, os.waitpid, pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            again = locks.lock(name + "-parent", ttl=5)  # the parent's connection is still its own, and clean
+            await again.acquire(timeout=2)
+            await again.release()
+
+    def _in_the_child(locks: lockkit.AsyncLocker) -> int:
+        outcome: list[int] = []
+
+        async def child() -> None:
+            lock = locks.lock(name + "-child", ttl=5)
+            await lock.acquire(timeout=2)
+            await lock.release()
+
+        def run() -> None:  # a loop of the child's own (this thread's loop is the parent's, running)
+            try:
+                asyncio.run(child())
+                outcome.append(0)
+            except lockkit.BackendUnavailable:
+                outcome.append(1)
+            except BaseException:
+                outcome.append(2)
+
+        signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
+        signal.alarm(10)
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return outcome[0] if outcome else 4
+
+    asyncio.run(parent())
+
+
 def test_an_idle_connection_is_pinged_before_use(redis_server: RedisServer) -> None:
     conn = Connection(spec_for(redis_server.url + "?health_check_interval=0.1"))
     try:

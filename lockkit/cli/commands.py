@@ -146,8 +146,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return EXIT_LOST
         try:
             lock.release()
+        except BackendUnavailable as exc:
+            # The command ran under the lock (no loss was seen), but whether the release took is unknown: the
+            # name stays taken until its TTL passes at the latest. Not 70: nothing says the lock was lost.
+            print(
+                f"lockkit run: the command exited with code {code} under the lock, but the release could not "
+                f"reach the backend, so {args.name!r} may stay taken until its TTL ({args.ttl:g} s) passes: {exc}",
+                file=sys.stderr,
+            )
+            return EXIT_UNAVAILABLE
         except LockError as exc:
-            print(f"lockkit run: the command finished but the lock was not ours at release: {exc}", file=sys.stderr)
+            print(
+                f"lockkit run: the command finished, but {args.name!r} was no longer ours at release (its end may "
+                f"have run unlocked): {exc}",
+                file=sys.stderr,
+            )
             return EXIT_LOST
     return 128 - code if code < 0 else code
 

@@ -407,7 +407,9 @@ def _judge(report: VerifyReport, exit_codes: list[int], hung: int, errors: list[
             + ("; their errors are listed above)" if errors else "; see their tracebacks on stderr)")
         )
     if hung:
-        report.failures.append(f"{hung} worker(s) still ran {JOIN_GRACE:g} s after the run should have ended")
+        report.failures.append(
+            f"{hung} worker(s) still ran {JOIN_GRACE:g} s + 4 × TTL after the run should have ended (killed)"
+        )
     if report.acquisitions == 0:
         report.failures.append(
             "no worker acquired the lock: raise --duration (spawned workers take about a second to start)"

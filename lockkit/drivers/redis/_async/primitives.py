@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -38,16 +40,44 @@ def _fail(waiter: asyncio.Future[Any], error: Exception) -> None:
         waiter.set_exception(error)
 
 
+_pools: weakref.WeakSet[AsyncConnectionPool] = weakref.WeakSet()
+"""Every live asyncio pool of this process, for the fork hook below."""
+_inherited: list[set[AsyncConnection]] = []
+"""A forked child's copies of its parent's connections, kept unused and untouched (see ``_after_fork``)."""
+
+
+def _forget_the_parents_connections() -> None:
+    for pool in list(_pools):
+        pool._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_forget_the_parents_connections)
+
+
 class AsyncConnectionPool:
     """The asyncio twin of :class:`..pool.ConnectionPool`: at most ``size`` connections, reused last in first
     out, each made fit by :meth:`~.connection.AsyncConnection.ready` before it is handed out; a caller waits up
-    to ``wait`` seconds for one. One event loop uses it, so it needs no lock."""
+    to ``wait`` seconds for one. One event loop uses it, so it needs no lock. Fork safe as the blocking pool is:
+    a forked child starts with an empty pool."""
 
     def __init__(self, make: Callable[[], AsyncConnection], size: int, wait: float) -> None:
         self._make, self._size, self._wait = make, size, wait
         self._idle: list[AsyncConnection] = []
         self._all: set[AsyncConnection] = set()
         self._waiters: collections.deque[asyncio.Future[AsyncConnection]] = collections.deque()
+        _pools.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's connections. A child that used them (a new ``asyncio.run`` in
+        a worker forked from a process whose asyncio locker had made calls) wrote its commands on the parent's
+        sockets, and the replies went to whichever process read first: the child's own loop never reads those
+        sockets, so it waited out the timeout, and the parent found stray replies. They are not closed either:
+        their transports belong to the parent's event loop, whose epoll instance the child shares, and
+        unregistering them there would take them from the parent's loop too. They are kept, unused."""
+        if self._all:
+            _inherited.append(self._all)
+        self._idle, self._all, self._waiters = [], set(), collections.deque()
 
     async def get(self, ready: bool = True) -> AsyncConnection:
         """A connection, made fit to carry commands unless ``ready`` is false (the caller then calls its
