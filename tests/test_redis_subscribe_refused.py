@@ -1,7 +1,8 @@
 """A server that refuses a client's pub/sub subscription (an ACL without ``+subscribe`` or the channels) is
 told to the user once, as a warning, not only at DEBUG on every retry: until it is granted, waiters are not
-woken by releases (they look again on timers and do not queue), and a sentinel's ``+switch-master`` is not
-heard. The lock stays correct meanwhile: the waiter still gets the lock once it is free."""
+woken by releases (they look again on timers, and a release may skip their queue entries), and a
+sentinel's ``+switch-master`` is not heard. The lock stays correct meanwhile: the waiter still gets the lock
+once it is free."""
 
 from __future__ import annotations
 

@@ -300,9 +300,9 @@ class Hub:
                     self._refusal_told = True
                     log.warning(
                         "lockkit: redis %s refused this client's pub/sub subscription (%s); it is retried, and until "
-                        "it is granted waiters are not woken by releases (they look again on timers and do not "
-                        "queue) and a sentinel's failover announcements are not heard. Give the user +subscribe and "
-                        "the channels (the ACL rules of docs/backends/redis.md)",
+                        "it is granted waiters are not woken by releases (they look again on timers, and a release "
+                        "may skip their queue entries as dead) and a sentinel's failover announcements are not "
+                        "heard. Give the user +subscribe and the channels (the ACL rules of docs/backends/redis.md)",
                         self._spec.label,
                         exc,
                     )
