@@ -3,8 +3,8 @@
 On the master: the least-privilege rule of ``redis://`` plus ``+role`` (and ``+wait`` for ``min_replicas``). On
 the sentinels: the page's ``ACL SETUSER lockkit-sentinel …`` line, read from the page itself. "Enough" means
 that nothing lockkit sends is refused: locking, waking and ``min_replicas`` work, the sentinels grant the
-``+switch-master`` subscription (a refused one is retried quietly, and a moved master is then followed only
-when the old one refuses a write), and neither the master nor a sentinel logs a denied command.
+``+switch-master`` subscription (a refused one is warned about once and retried, each refusal making the next
+call ask the sentinels), and neither the master nor a sentinel logs a denied command.
 """
 
 from __future__ import annotations
@@ -81,6 +81,29 @@ def test_a_sentinel_user_without_sentinel_master_is_refused(sentinel_set: Sentin
         url = sentinel_set.url + f"?sentinel_username={sentinel_user}&sentinel_password=pw-SEN"
         with lockkit.connect(url) as locks, pytest.raises(lockkit.ConfigError, match=r"sentinel\|master"):
             locks.lock(f"sacl-{uuid.uuid4().hex[:8]}", ttl=5).acquire(timeout=5)
+    finally:
+        for sentinel in sentinel_set.sentinels:
+            sentinel.ask("ACL", "DELUSER", sentinel_user)
+
+
+def test_a_sentinel_user_without_get_master_addr_is_told_the_permission_not_a_wrong_service(
+    sentinel_set: SentinelSet,
+) -> None:
+    """A docs audit found the NOPERM reply to ``SENTINEL get-master-addr-by-name`` read as "knows no master named
+    …": the user was sent to check a service name that was right."""
+    sentinel_user = f"lks{secrets.token_hex(3)}"
+    rule = [word for word in doc_acl_rule("lockkit-sentinel") if word != "+sentinel|get-master-addr-by-name"]
+    for sentinel in sentinel_set.sentinels:
+        sentinel.ask("ACL", "SETUSER", sentinel_user, "reset", ">pw-SEN", *rule)
+    try:
+        url = sentinel_set.url + f"?sentinel_username={sentinel_user}&sentinel_password=pw-SEN"
+        with lockkit.connect(url) as locks, pytest.raises(lockkit.ConfigError) as refused:
+            locks.lock(f"sacl-{uuid.uuid4().hex[:8]}", ttl=5).acquire(timeout=5)
+        message = str(refused.value)
+        assert "+sentinel|get-master-addr-by-name" in message, message
+        assert sentinel_user in message, message  # which user to fix
+        assert "no master named" not in message, message
+        assert "pw-SEN" not in message, message
     finally:
         for sentinel in sentinel_set.sentinels:
             sentinel.ask("ACL", "DELUSER", sentinel_user)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
 from ....errors import BackendUnavailable, ConfigError
 from ..calls import pack
@@ -64,6 +64,14 @@ class AsyncSentinels:
                     f"{spec.label} is not a sentinel (it does not know SENTINEL): a redis+sentinel:// URL names the "
                     "sentinels; for one Redis server use redis://, for a node of a Redis Cluster redis+cluster://"
                 )
+            if isinstance(replies[0], NoPermissionError):
+                # Not "no such service": that would send the user to check a name that is right
+                raise ConfigError(
+                    f"sentinel {spec.label} refused user {spec.username or 'default'!r} the command SENTINEL "
+                    "GET-MASTER-ADDR-BY-NAME, which lockkit needs to find the master: give that sentinel user "
+                    "+sentinel|get-master-addr-by-name (ACL SETUSER <user> +sentinel|get-master-addr-by-name, with "
+                    "the rest of docs/backends/redis.md's ACL rule for sentinels)"
+                ) from replies[0]
             master = parse_master_reply(replies, f"sentinel {spec.label}")
             if master is None:
                 unknown.append(spec.label)
