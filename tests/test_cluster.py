@@ -392,3 +392,43 @@ def test_C10_paused_master_is_backend_unavailable_and_others_carry_on(
                 assert lease.fencing_token > 0
         finally:
             paused.resume()
+
+
+def test_a_master_that_refuses_the_login_is_the_one_the_error_names(fresh_redis_cluster: RedisClusterFactory) -> None:
+    """A docs audit found a login refused by one master reported as refused by the URL's first seed: the user
+    was sent to fix a node that accepted it. Here the seed takes the password and another master does not."""
+    cluster = fresh_redis_cluster()
+    seed, *others = cluster.masters()
+    for node in cluster.masters():
+        node.ask("CONFIG", "SET", "requirepass", "pw-A")
+        node.password = "pw-A"
+    refusing = next(node for node in others if (node.host, node.port) != (seed.host, seed.port))
+    refusing.ask("CONFIG", "SET", "requirepass", "pw-B")
+    refusing.password = "pw-B"
+    name = next(
+        n
+        for n in (f"auth-{i}" for i in range(10_000))
+        if cluster.node_for_slot(key_slot(cluster_lock_keys("lockkit:", n).lock)).port == refusing.port
+    )
+    url = f"redis+cluster://:pw-A@{seed.host}:{seed.port}"
+    with lockkit.connect(url) as locks, pytest.raises(lockkit.ConfigError) as refused:
+        locks.lock(name, ttl=5).acquire(timeout=2)
+    message = str(refused.value)
+    assert f"{refusing.host}:{refusing.port}" in message, message
+    assert f":{seed.port}" not in message, message
+    assert "pw-A" not in message and "pw-B" not in message, message
+
+
+def test_check_reaches_every_master_not_only_the_first(fresh_redis_cluster: RedisClusterFactory) -> None:
+    """A docs audit found ``lockkit check`` ("reaches every configured backend") pinging one master of a cluster:
+    with another master SIGKILLed it said ok while the names hashing to that master's slots could not be taken."""
+    cluster = fresh_redis_cluster()
+    with lockkit.connect(cluster.url) as locks:
+        assert isinstance(locks.check()["default"], float)  # all up
+        dead = cluster.node_for_slot(16383)  # the last slot's master: not the one a keyless call picks first
+        dead.kill()
+        for _ in range(2):  # at once (the map still names it) and once the others marked it failed
+            result = locks.check()["default"]
+            assert isinstance(result, lockkit.BackendUnavailable), result
+            assert f"{dead.port}" in str(result) or "no reachable master" in str(result), result
+            time.sleep(2.5)  # node timeout 1 s: the survivors flag it "fail"

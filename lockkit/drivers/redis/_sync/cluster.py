@@ -214,8 +214,8 @@ class ClusterDriver(RedisDriver):
                     self._refresh((where.host, where.port))
                     continue
                 raise _Retry(where.kind)  # TRYAGAIN, CLUSTERDOWN: soon again
-            except AuthenticationError as exc:
-                raise translate(self.spec, exc) from exc
+            except AuthenticationError as exc:  # named after the master that refused, not the URL's first seed
+                raise translate(self.spec if shard is None else self._node_of(shard).spec, exc) from exc
             except RedisConnectionError as exc:  # the master is down or unreachable: its replica may take over
                 last = exc
                 try:
@@ -347,6 +347,26 @@ class ClusterDriver(RedisDriver):
     def holder(self, name: str) -> HolderInfo:
         replies, epoch, _ = self._routed([Call(FAIR_HOLDER, self._keys(name).script_keys())])
         return holder_info(checked(replies[0], "cluster", "holder"), epoch)
+
+    def ping(self) -> None:
+        """Every master of a fresh slot map answers, and every slot has one (``lockkit check``): one master
+        down leaves the names hashing to its slots unlockable, which a ping of any single master would miss."""
+        self._refresh()
+        for shard in self._map.masters():
+            spec = self._node_of(shard).spec
+            try:
+                (reply,) = self._node_of(shard).run([Call(None, (), ("PING",))], True)
+            except RedisError as exc:
+                raise translate(spec, exc) from exc
+            if isinstance(reply, ResponseError):
+                raise BackendUnavailable(f"redis {spec.label} answered PING with an error: {reply}")
+        orphans = sum(owner is None for owner in self._map.owners)
+        if orphans:
+            raise BackendUnavailable(
+                f"redis+cluster: {orphans} of {len(self._map.owners)} slots have no reachable master (a master is "
+                "down, failing over or was removed): locks whose names hash there cannot be taken. Check the "
+                "cluster with redis-cli --cluster check"
+            )
 
     def permits(self, events: object = None) -> Any:
         """Semaphores and reader-writer locks, each name on the master of its slot (issue 18)."""
