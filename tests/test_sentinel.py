@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import traceback
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -129,6 +131,63 @@ def test_tokens_carry_the_config_epoch(sentinel_set: SentinelSet) -> None:
     epoch = int(sentinel_set.sentinels[0].ask("SENTINEL", "MASTER", "mymaster")["config-epoch"])
     with lockkit.connect(sentinel_set.url) as locks, locks.lock(name(), ttl=2) as lease:
         assert lease.fencing_token >> EPOCH_SHIFT == epoch
+
+
+def _announcement_listeners(group: SentinelSet, user: str) -> int:
+    """How many pub/sub connections of sentinel user ``user`` the sentinels have, subscribed to a channel."""
+    return sum(
+        f"user={user} " in line and " sub=0 " not in line and " sub=" in line
+        for sentinel in group.sentinels
+        for line in str(sentinel.ask("CLIENT", "LIST")).splitlines()
+    )
+
+
+def _until(condition: Any, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def test_a_forked_child_listens_to_the_sentinels_on_a_connection_of_its_own(sentinel_set: SentinelSet) -> None:
+    # A child inherited the parent's "listening" flag and never subscribed the announcements itself: it followed
+    # a master that moved without failing only once the old one refused a write. A user of this test's own tells
+    # its connections from everyone else's on the shared sentinels.
+    user = f"lkf{uuid.uuid4().hex[:6]}"
+    for sentinel in sentinel_set.sentinels:
+        sentinel.ask("ACL", "SETUSER", user, "reset", "on", ">pw-FORK", "+@all", "allchannels")
+    try:
+        url = sentinel_set.url + f"?sentinel_username={user}&sentinel_password=pw-FORK"
+        with lockkit.connect(url) as locks:
+            with locks.lock(name(), ttl=5):
+                pass
+            assert _until(lambda: _announcement_listeners(sentinel_set, user) == 1, 10), "the parent never listened"
+            told, tell = os.pipe()
+            heard, hear = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: lock once on the parent's locker, then stay up until the parent has looked
+                code = 1
+                try:
+                    with locks.lock(name(), ttl=5):
+                        pass
+                    os.write(tell, b"x")
+                    os.read(heard, 1)
+                    code = 0
+                finally:
+                    os._exit(code)
+            try:
+                assert os.read(told, 1) == b"x", "the child could not lock"
+                listening = _until(lambda: _announcement_listeners(sentinel_set, user) == 2, 10)
+            finally:
+                os.write(hear, b"x")
+                _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert listening, "the child does not listen to the sentinels on a connection of its own"
+            # the child's went with it; the parent's is still there
+            assert _until(lambda: _announcement_listeners(sentinel_set, user) == 1, 10)
+    finally:
+        for sentinel in sentinel_set.sentinels:
+            sentinel.ask("ACL", "DELUSER", user)
 
 
 # -- failovers ---------------------------------------------------------------------------------

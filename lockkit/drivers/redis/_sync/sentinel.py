@@ -48,7 +48,7 @@ from ..calls import Call
 from ..config import NodeSpec
 from ..errors import translate
 from ..flow import checked, holder_info, release_call
-from ..hub import Hub
+from ..hub import Hub, forks
 from ..scripts import FAIR_HOLDER
 from ..semaphore_scripts import SENTINEL_PERMITS
 from ..sentinel_config import SentinelTarget, sentinel_target
@@ -139,6 +139,8 @@ class SentinelDriver(RedisDriver):
         self._switch_hub = Hub(target.sentinels[0])
         self._listening = False
         self._switched = False
+        self._forks = forks()
+        """The process ``_listening`` speaks for, as :func:`..hub.forks` counts it (see :meth:`_own_process`)."""
 
     @classmethod
     def from_url(cls, url: BackendURL, ctx: DriverContext) -> SentinelDriver:
@@ -155,27 +157,39 @@ class SentinelDriver(RedisDriver):
         # announces is what the next question hears); a change takes effect at the hub's next (re)connection.
         self._switch_hub.retarget(self._sentinels.first)
         where = (master.host, master.port, master.epoch)
-        if where == self._where:
-            return
-        if self._where is not None:
-            log.warning(
-                "lockkit: the sentinels name %s:%d as the master of %r now (config epoch %d, was %d)",
-                master.host, master.port, self.target.service, master.epoch, self._epoch,
-            )  # fmt: skip
-            # Not closed here: another thread or task may be mid-call on it. Its server is gone or demoted
-            # (Sentinel kills a demoted master's clients), so its connections die anyway; close() ends them.
-            self._retired.append(self._node)
-        spec = self.target.master(master.host, master.port)
-        self.spec, self._node, self._epoch, self._where = spec, SyncNode(spec), master.epoch, where
-        self._generation += 1
-        self._hub.retarget(spec)
-        if not self._listening:
+        if where != self._where:
+            self._switch(master.host, master.port, master.epoch)
+        if not self._listening:  # not only with a new master: a forked child listens afresh (see _own_process)
             self._listening = True  # first: a concurrent caller must not subscribe a second time
             try:
                 self._listen(self._sentinels.first)
             except BaseException:  # cancelled (or worse) before subscribing: the next follow listens
                 self._listening = False
                 raise
+
+    def _switch(self, host: str, port: int, epoch: int) -> None:
+        """Talk to the master at ``host:port`` (of config epoch ``epoch``) from now on."""
+        if self._where is not None:
+            log.warning(
+                "lockkit: the sentinels name %s:%d as the master of %r now (config epoch %d, was %d)",
+                host, port, self.target.service, epoch, self._epoch,
+            )  # fmt: skip
+            # Not closed here: another thread or task may be mid-call on it. Its server is gone or demoted
+            # (Sentinel kills a demoted master's clients), so its connections die anyway; close() ends them.
+            self._retired.append(self._node)
+        spec = self.target.master(host, port)
+        self.spec, self._node, self._epoch, self._where = spec, SyncNode(spec), epoch, (host, port, epoch)
+        self._generation += 1
+        self._hub.retarget(spec)
+
+    def _own_process(self) -> None:
+        """In a forked child: the announcements' subscription is the parent's (its socket, and what it hears
+        reaches the parent only), so the child's hub starts afresh and the next follow subscribes on a connection
+        of the child's own; until then an announcement may go unheard, so that follow comes at once."""
+        self._forks = forks()
+        self._switch_hub.own_process()
+        self._listening = False
+        self._switched = True
 
     def _listen(self, sentinel: NodeSpec) -> None:
         """Subscribe the ANNOUNCEMENTS the sentinel's ACL allows (one connection, once per driver). A user whose
@@ -258,6 +272,8 @@ class SentinelDriver(RedisDriver):
         backoff = 0.05
         repeated = False
         last: BaseException | None = None
+        if self._forks != forks():  # forked since the last call (a counter read, no system call)
+            self._own_process()
         while True:
             if self._switched and self._where is not None:
                 self._switched = False
