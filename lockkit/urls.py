@@ -7,7 +7,8 @@ members); IPv6 hosts go in brackets (``[::1]:2379``); user and password are
 percent-decoded, so a password containing ``@:/`` is written ``%40%3A%2F``.
 A :class:`BackendURL` never shows its password: ``str`` and ``repr`` print
 ``***`` in its place, and so does every error message built from it. The same holds for every option whose
-name ends in ``password`` (``sentinel_password=``).
+name ends in ``password`` (``sentinel_password=``). A URL that could hold a password left unencoded where a
+host, port, path or option seems to be (an ``@`` after a ``host:port``, any ``#``) is refused, not guessed.
 """
 
 from __future__ import annotations
@@ -122,11 +123,26 @@ def parse_url(url: object) -> BackendURL:
             f"malformed URL {shown!r}: {exc}; expected scheme://[user:password@]host:port/path?option=value"
         ) from None
     scheme = parts.scheme.lower()
-    netloc = url.split("://", 1)[1]
-    for stop in "/?#":
+    if "#" in url:
+        raise ConfigError(
+            f"{shown!r} has a '#': lockkit reads no URL fragment, and would drop it unread. Write a '#' in a "
+            "password or an option value as %23 (urllib.parse.quote(password, safe=''))"
+        )
+    after_scheme = url.split("://", 1)[1]
+    netloc = after_scheme
+    for stop in "/?":
         netloc = netloc.split(stop, 1)[0]
     username = password = None
     had_userinfo = "@" in netloc
+    if (had_userinfo or ":" in netloc) and "@" in after_scheme[len(netloc) :]:
+        # "app:1234/s3cret@db" is a host and port followed by a path, and also a user whose password starts with
+        # digits and holds an unencoded '/' (or '?'); "u:p@h/x@db" may be a password holding an '@'. Guessing
+        # either way can show the password or connect to another server: only an encoded '@' says which is meant.
+        raise ConfigError(
+            f"{shown!r} has an '@' after its host part, so lockkit cannot tell its host:port and credentials from "
+            "a password holding an unencoded '/', '?' or '@'. Percent-encode the password "
+            "(urllib.parse.quote(password, safe='')), and write an '@' in a path or option value as %40"
+        )
     if had_userinfo:
         userinfo, _, netloc = netloc.rpartition("@")
         user, colon, secret = userinfo.partition(":")
@@ -135,7 +151,7 @@ def parse_url(url: object) -> BackendURL:
     try:
         hosts = tuple(_parse_host(part, shown) for part in netloc.split(",")) if netloc else ()
     except ConfigError as exc:
-        if had_userinfo or "@" not in url.split("://", 1)[1]:
+        if had_userinfo or "@" not in after_scheme:
             raise
         # The host part does not parse and an '@' comes later: most likely a password with an unencoded '/',
         # '?' or '#' (which ends the host part early). ``shown`` masks up to the last '@' either way.

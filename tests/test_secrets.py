@@ -122,15 +122,71 @@ def test_password_from_the_environment_may_hold_any_character(char: str) -> None
     [
         "file:///tmp/lockkit-user@corp.example",
         "memory://x?group=a@b",
-        "redis://127.0.0.1:6379/0?client_name=a@b",
+        "redis://127.0.0.1/0?client_name=a@b",
     ],
 )
 def test_an_at_sign_outside_the_authority_is_not_a_password(url: str) -> None:
-    """Review finding: the percent-encode check refused URLs whose '@' sits in a path or a query."""
+    """Review finding: the percent-encode check refused URLs whose '@' sits in a path or a query.
+
+    Only where the text before it cannot be a ``user:password``: no authority, or a host part with no ':'.
+    """
     parsed = lockkit.urls.parse_url(url)
     assert parsed.password is None and parsed.username is None
     if url.startswith("file:"):
         assert lockkit.urls.redact(url) == url
+
+
+# A password that starts with digits and holds an unencoded '/', '?' or '#' reads as a host:port followed by a
+# path, a query or a fragment (the host part ends at the first of them). Before, each of these was taken so:
+# the locker pointed at host "app" with the password's first digits shown as its port, the rest of the password
+# in a ZooKeeper chroot, a PostgreSQL database name or an option, or dropped with a fragment; the errors of the
+# etcd and PostgreSQL path checks printed the password in full.
+PREFIX = "48213"
+AMBIGUOUS = [
+    f"etcd://app:{PREFIX}#zz{SECRET}@127.0.0.1:2379",
+    f"zookeeper://app:{PREFIX}/{SECRET}@127.0.0.1:2181/app",
+    f"postgresql://app:{PREFIX}#{SECRET}@127.0.0.1/orders",
+    f"postgresql://app:{PREFIX}/{SECRET}@127.0.0.1/orders",
+    f"etcd://app:{PREFIX}/{SECRET}@127.0.0.1",
+    f"redis://app:{PREFIX}?x={SECRET}@127.0.0.1:6379/0",
+    f"redis://app:pa#ss{SECRET}@127.0.0.1:6379/0",
+    f"redis://app:{PREFIX}@{SECRET}/0?client_name=a@127.0.0.1",
+]
+
+
+@pytest.mark.parametrize("url", AMBIGUOUS)
+def test_a_password_that_reads_as_a_port_is_refused_not_guessed(url: str) -> None:
+    with pytest.raises(lockkit.ConfigError, match=r"Percent-encode|%23") as info:
+        lockkit.connect(url)
+    assert SECRET not in _chain(info.value) and PREFIX not in _chain(info.value)
+
+
+@pytest.mark.parametrize("url", AMBIGUOUS)
+def test_the_same_password_percent_encoded_is_taken_whole(url: str) -> None:
+    from urllib.parse import quote
+
+    scheme, _, rest = url.partition("://")
+    userinfo, _, hosts = rest.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    parsed = lockkit.urls.parse_url(f"{scheme}://{user}:{quote(password, safe='')}@{hosts}")
+    assert parsed.password == password and parsed.hosts[0][0] == "127.0.0.1"
+    assert SECRET not in repr(parsed) and PREFIX not in repr(parsed)
+
+
+def test_a_fragment_is_refused_not_dropped() -> None:
+    """Options are strict: the text after a '#' was dropped without a word."""
+    with pytest.raises(lockkit.ConfigError, match="fragment") as info:
+        lockkit.connect(f"etcd://app:{SECRET}@127.0.0.1:2379?prefix=/a#b")
+    assert SECRET not in _chain(info.value)
+    assert dict(lockkit.urls.parse_url("etcd://127.0.0.1:2379?prefix=/a%23b").options) == {"prefix": "/a#b"}
+
+
+def test_an_at_sign_after_a_host_and_port_is_written_percent_encoded() -> None:
+    """After a host:port, an '@' in an option value could end a password; %40 says it is the value's."""
+    with pytest.raises(lockkit.ConfigError, match="%40"):
+        lockkit.urls.parse_url("redis://127.0.0.1:6379/0?client_name=a@b")
+    parsed = lockkit.urls.parse_url("redis://127.0.0.1:6379/0?client_name=a%40b")
+    assert parsed.hosts == (("127.0.0.1", 6379),) and dict(parsed.options) == {"client_name": "a@b"}
 
 
 def test_a_variable_holding_user_and_password_still_splits_at_its_colon() -> None:
