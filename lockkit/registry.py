@@ -109,10 +109,10 @@ def load_factory(scheme: str) -> DriverFactory:
     raise ConfigError(f"unknown lock backend scheme {scheme!r}; known schemes: {known}. Fix the URL's scheme")
 
 
-def _split_epoch(url: BackendURL) -> tuple[int, BackendURL]:
-    """The ``fencing_epoch`` option (0 if absent) and the URL without it: it is lockkit's, not the driver's."""
+def _split_epoch(url: BackendURL) -> tuple[int | None, BackendURL]:
+    """The ``fencing_epoch`` option (None if absent) and the URL without it: it is lockkit's, not the driver's."""
     if "fencing_epoch" not in url.options:
-        return 0, url
+        return None, url
     from .drivers.epoch import parse_epoch
 
     epoch = parse_epoch(url.options["fencing_epoch"], f"{url}: option")
@@ -123,12 +123,12 @@ def _split_epoch(url: BackendURL) -> tuple[int, BackendURL]:
 def _factory(url: BackendURL) -> tuple[DriverFactory, int, BackendURL]:
     epoch, url = _split_epoch(url)
     factory = load_factory(url.scheme)
-    if epoch:
+    if epoch is not None:  # setting it is the mistake on such a driver, 0 included (as a config file's key)
         from .drivers.epoch import check_fencing
 
         own_epoch = bool(getattr(factory, "tokens_carry_epoch", False))
         check_fencing(factory.guarantees, url.scheme, f"{url}:", own_epoch=own_epoch)
-    return factory, epoch, url
+    return factory, epoch or 0, url
 
 
 def _lifted(driver: Driver, epoch: int) -> Driver:

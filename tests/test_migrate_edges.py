@@ -444,6 +444,24 @@ def test_fencing_epoch_needs_fencing_and_no_migration(tmp_path: Path) -> None:
         lockkit.from_config(path)
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/0", "no fencing tokens"),
+        ("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster", "already carry an epoch of their own"),
+        ("redis+cluster://127.0.0.1:1,127.0.0.1:2", "already carry an epoch of their own"),
+    ],
+)
+def test_fencing_epoch_zero_is_refused_where_any_epoch_is(tmp_path: Path, url: str, why: str) -> None:
+    """Setting the option is the mistake, whatever its value: 0 passed on the URL (a config file's key was refused)."""
+    with pytest.raises(ConfigError, match=f"fencing_epoch.*{why}"):
+        lockkit.connect(f"{url}?fencing_epoch=0")
+    path = tmp_path / "zero.toml"
+    path.write_text(f'[backends.main]\nurl = "{url}"\nfencing_epoch = 0\n')
+    with pytest.raises(ConfigError, match=why):
+        lockkit.from_config(path)
+
+
 @pytest.mark.parametrize("scheme", ["redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"])
 def test_fencing_epoch_is_refused_where_tokens_carry_their_own(tmp_path: Path, scheme: str) -> None:
     """Sentinel and Cluster lift their tokens by the master's config epoch: a second lift would overflow after the

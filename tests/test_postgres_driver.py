@@ -79,6 +79,7 @@ def test_holder_shows_the_hint_fence_and_waiters(postgres_server: PostgresServer
         ("table=x;drop", "plain SQL identifier"),
         ("timeout=0", "timeout must be above 0"),
         ("max_sessions=1", "max_sessions must be between"),
+        ("namespace=", "namespace must not be empty"),
     ],
 )
 def test_bad_options_are_refused(query: str, match: str) -> None:

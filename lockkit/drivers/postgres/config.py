@@ -62,6 +62,11 @@ class PostgresOptions:
                     f"{option} must be a plain SQL identifier, optionally schema-qualified (letters, digits, _): "
                     f"got {getattr(self, option)!r}"
                 )
+        if not self.namespace:
+            raise ConfigError(
+                "namespace must not be empty (hashed with each name, it keeps applications on one database apart); "
+                "set ?namespace=myapp, or leave the option out for the default"
+            )
         if not 0 < self.timeout <= 300:
             raise ConfigError(
                 f"timeout must be above 0 and at most 300 seconds, got {self.timeout!r}; set one in that range, "
