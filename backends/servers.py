@@ -1544,6 +1544,7 @@ class PostgresServer(Server):
             self._wait_exit_noreap(STOP_TIMEOUT)
         super()._terminate()
 
+
 # --------------------------------------------------------------------------- Redis Cluster
 
 
@@ -1613,6 +1614,7 @@ class RedisCluster(ServerGroup[RedisClusterNode]):
             if done.returncode != 0:
                 raise ServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}")
             self.wait_settled()
+            self._wait_replicas_known()
         except BaseException:
             self.stop()
             raise
@@ -1638,6 +1640,23 @@ class RedisCluster(ServerGroup[RedisClusterNode]):
             if node.ask("ROLE")[0] == "slave" and node.ask("INFO", "replication").get("master_link_status") != "up":
                 return False  # a replica still syncing: a WAIT 1 would not count it
         return len(maps) == 1
+
+    def _wait_replicas_known(self, timeout: float = 30.0) -> None:
+        """Until every master lists all its replicas in ``CLUSTER REPLICAS``: a replica's link can be up
+        before gossip has told its master (or the other nodes) whose replica it is, and a test that asks
+        for "the replica of this master" right after start must find it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(Exception):
+                if all(
+                    len(node.ask("CLUSTER", "REPLICAS", node.node_id())) >= self.n_replicas for node in self.masters()
+                ):
+                    return
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(
+                    f"redis cluster: masters do not list their {self.n_replicas} replicas after {timeout:.0f} s"
+                )
+            time.sleep(0.05)
 
     def running_members(self) -> list[RedisClusterNode]:
         return [m for m in self.members if m.running and not m.paused]
