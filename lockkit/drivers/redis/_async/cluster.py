@@ -165,16 +165,21 @@ class AsyncClusterDriver(AsyncRedisDriver):
                 return key_slot(call.keys[0])
         return None
 
-    async def _routed(self, calls: Sequence[Call]) -> tuple[list[Any], int, bool]:
+    async def _routed(self, calls: Sequence[Call], by: float | None = None) -> tuple[list[Any], int, bool]:
         """The replies of ``calls`` (all of one slot) from that slot's master, its config epoch (with an
         acquire or holder call; else 0) and whether they may have run twice (sent again after their connection
         broke under them). Every call of this driver may go again (the argument of :mod:`.sentinel`'s
-        ``_attempt``: the acquire finds its own token, the others are owner-checked)."""
+        ``_attempt``: the acquire finds its own token, the others are owner-checked). ``by``: as
+        :meth:`AsyncNode.run`'s, an acquire attempt's deadline: each reply is awaited until then at most (a paused
+        master is reported by then, not by the node's ``timeout``), and so is a master that refuses connections
+        (not ``failover_wait``), after one attempt at least."""
         slot = self._slot(calls)
         lifted = any(call.script in _EPOCH_SCRIPTS for call in calls)
         acquiring = any(call.script in _ACQUIRE_SCRIPTS for call in calls)
         send = [*calls, _INFO] if lifted else list(calls)
         give_up = time.monotonic() + self.target.options.failover_wait
+        if by is not None and by < give_up:
+            give_up = by
         repeated, asking = False, None
         backoff = 0.02
         last: BaseException | None = None
@@ -186,12 +191,12 @@ class AsyncClusterDriver(AsyncRedisDriver):
                 shard = self._map.owners[slot] if slot is not None else self._map.masters()[0]
                 if asking is not None:
                     shard, asking = asking, None
-                    replies, again = await self._node_of(shard).run_again_on_error([_ASKING, *send])
+                    replies, again = await self._node_of(shard).run_again_on_error([_ASKING, *send], by)
                     replies = replies[1:]
                 else:
                     if shard is None:
                         raise _Retry(f"no master serves slot {slot} (the cluster is reconfiguring)")
-                    replies, again = await self._node_of(shard).run_again_on_error(send)
+                    replies, again = await self._node_of(shard).run_again_on_error(send, by)
                 repeated = repeated or again
                 where = next((r for r in map(redirect, replies) if r is not None), None)
                 if where is None:
@@ -239,8 +244,7 @@ class AsyncClusterDriver(AsyncRedisDriver):
                     last = down
 
     async def _run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
-        # ``by`` is not used: a routed call follows MOVED and a slot map refresh, each with the nodes' own timeout
-        replies, epoch, _ = await self._routed(calls)
+        replies, epoch, _ = await self._routed(calls, by)
         seen = _ATTEMPT_EPOCH.get()
         if seen is not None and calls and calls[0].script is FAIR_ACQUIRE:
             seen[0] = epoch
@@ -404,7 +408,7 @@ class AsyncClusterPermits(AsyncRedisPermits):
     async def _send(
         self, calls: Sequence[Call], idempotent: bool, by: float | None = None
     ) -> tuple[list[Any], int, bool]:
-        return await self._cluster._routed(calls)  # each hop has the node's timeout
+        return await self._cluster._routed(calls, by)
 
     async def _renew_replies(self, calls: Sequence[Call]) -> list[tuple[Any, int] | BackendUnavailable]:
         return await self._cluster._per_master(calls)

@@ -121,11 +121,13 @@ class AsyncNode:
         payload: bytes | None = None,
         conn: AsyncConnection | None = None,
         stale: bool | None = None,
+        by: float | None = None,
     ) -> Pending:
         """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master), on
         ``conn`` if given (from :meth:`checkout`; ``stale``: what :func:`.connection.stale_connections` said of
-        it), else on a connection from the pool."""
-        conn, hello = await self._send(calls, payload, conn, stale)
+        it), else on a connection from the pool. ``by``: as :meth:`run`'s, for the checked hello of a new
+        connection."""
+        conn, hello = await self._send(calls, payload, conn, stale, by)
         return Pending(conn, calls, hello)
 
     async def _send(
@@ -134,6 +136,7 @@ class AsyncNode:
         payload: bytes | None = None,
         conn: AsyncConnection | None = None,
         stale: bool | None = None,
+        by: float | None = None,
     ) -> tuple[AsyncConnection, int]:
         """:meth:`send`, without the :class:`Pending` (:meth:`run` needs none): the connection, and how many
         hello replies come before the calls' own."""
@@ -165,8 +168,7 @@ class AsyncNode:
                 # reach a replica that a Sentinel still named as the master.
                 if self.state.strict or self.state.require_master:
                     await conn.send(pack(commands))
-                    deadline = time.monotonic() + self.spec.options.timeout
-                    apply_hello(self.state, await conn.read(len(commands), deadline))
+                    apply_hello(self.state, await conn.read(len(commands), self.reply_deadline(by)))
                 else:
                     data, hello = pack(commands) + data, len(commands)
             await conn.send(data)
@@ -216,26 +218,31 @@ class AsyncNode:
         if idempotent:
             replies, _ = await self.run_again_on_error(calls)
             return replies
-        conn, hello = await self._send(calls)
-        deadline = time.monotonic() + self.spec.options.timeout
-        return await self._receive(conn, calls, hello, deadline if by is None or by > deadline else by)
+        conn, hello = await self._send(calls, by=by)
+        return await self._receive(conn, calls, hello, self.reply_deadline(by))
 
-    async def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
+    def reply_deadline(self, by: float | None = None) -> float:
+        """When a reply sent for now must have come: the node's ``timeout`` from now, or ``by`` if that is
+        sooner (monotonic instants)."""
+        deadline = time.monotonic() + self.spec.options.timeout
+        return deadline if by is None or by > deadline else by
+
+    async def run_again_on_error(self, calls: Sequence[Call], by: float | None = None) -> tuple[list[Any], bool]:
         """Run idempotent calls, once more on a fresh connection after a connection error; and whether they
         may have run twice: the error came after they were sent, so the server may have run them and only the
-        reply was lost (a release retried then finds its own work done and must not read that as "not ours")."""
-        timeout = self.spec.options.timeout
+        reply was lost (a release retried then finds its own work done and must not read that as "not ours").
+        ``by``: as :meth:`run`'s, for every reply awaited."""
         try:
-            conn, hello = await self._send(calls)
+            conn, hello = await self._send(calls, by=by)
         except RedisConnectionError:  # nothing reached the server: a plain retry
-            conn, hello = await self._send(calls)
-            return await self._receive(conn, calls, hello, time.monotonic() + timeout), False
+            conn, hello = await self._send(calls, by=by)
+            return await self._receive(conn, calls, hello, self.reply_deadline(by)), False
         try:
-            return await self._receive(conn, calls, hello, time.monotonic() + timeout), False
+            return await self._receive(conn, calls, hello, self.reply_deadline(by)), False
         except RedisConnectionError:
             pass
-        conn, hello = await self._send(calls)
-        return await self._receive(conn, calls, hello, time.monotonic() + timeout), True
+        conn, hello = await self._send(calls, by=by)
+        return await self._receive(conn, calls, hello, self.reply_deadline(by)), True
 
     def abandon(self, pending: Pending | AsyncConnection) -> None:
         """Give back a connection whose replies will not be read (a fan-out interrupted half-way): it is

@@ -233,9 +233,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         if self._where is None:
             await self._run_on([Call(None, (), ("PING",))])
 
-    async def _attempt(self, node: AsyncNode, calls: Sequence[Call]) -> list[Any]:
+    async def _attempt(self, node: AsyncNode, calls: Sequence[Call], by: float | None) -> list[Any]:
         try:
-            pending = await node.send(calls)
+            pending = await node.send(calls, by=by)
         except AuthenticationError as exc:
             raise translate(node.spec, exc) from exc
         except RedisConnectionError as exc:  # refused, reset before sending, or ROLE said replica: nothing ran
@@ -243,7 +243,7 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         except RedisError as exc:
             raise translate(node.spec, exc) from exc
         try:
-            replies = await node.receive(pending, time.monotonic() + self.options.timeout)
+            replies = await node.receive(pending, node.reply_deadline(by))
         except BusyLoadingError as exc:  # still loading its data set: it ran nothing
             raise _Again(exc, sent=False) from exc
         except RedisConnectionError as exc:
@@ -260,9 +260,10 @@ class AsyncSentinelDriver(AsyncRedisDriver):
             raise _Again(moved, sent=False)
         return replies
 
-    async def _run_on(self, calls: Sequence[Call]) -> tuple[list[Any], int, bool]:
+    async def _run_on(self, calls: Sequence[Call], by: float | None = None) -> tuple[list[Any], int, bool]:
         """The replies of ``calls`` from the master, that master's config epoch, and whether the calls may have
-        run twice (sent again after their connection broke under them)."""
+        run twice (sent again after their connection broke under them). ``by``: as :meth:`AsyncNode.run`'s, an
+        acquire attempt's deadline for each reply (a paused master is reported by then, not by ``timeout``)."""
         give_up = time.monotonic() + self.target.options.failover_wait
         caller = _CALLER_GIVES_UP.get()
         if caller is not None:
@@ -281,7 +282,7 @@ class AsyncSentinelDriver(AsyncRedisDriver):
             if self._where is not None:
                 node, epoch = self._node, self._epoch
                 try:
-                    return await self._attempt(node, calls), epoch, repeated
+                    return await self._attempt(node, calls, by), epoch, repeated
                 except _Again as again:
                     repeated = repeated or again.sent
                     last = again.why
@@ -306,9 +307,9 @@ class AsyncSentinelDriver(AsyncRedisDriver):
         )
 
     async def _run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
-        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`); nor ``by``: an
-        acquire bounds its calls by its own deadline already (``_CALLER_GIVES_UP``, with ``failover_wait``)."""
-        replies, _, _ = await self._run_on(calls)
+        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`). ``by`` bounds each
+        reply; following a failover is bounded by the acquire's deadline too (``_CALLER_GIVES_UP``)."""
+        replies, _, _ = await self._run_on(calls, by)
         return replies
 
     # -- fencing tokens lifted by the master's epoch -------------------------------------
@@ -392,7 +393,7 @@ class AsyncSentinelPermits(AsyncRedisPermits):
     async def _send(
         self, calls: Sequence[Call], idempotent: bool, by: float | None = None
     ) -> tuple[list[Any], int, bool]:
-        return await self._sentinel._run_on(calls)  # bounded by the Sentinel driver's own failover wait
+        return await self._sentinel._run_on(calls, by)  # and by the Sentinel driver's own failover wait
 
     async def _mark(self) -> tuple[int, int]:
         await self._sentinel._located()

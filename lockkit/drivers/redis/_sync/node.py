@@ -123,11 +123,13 @@ class SyncNode:
         payload: bytes | None = None,
         conn: Connection | None = None,
         stale: bool | None = None,
+        by: float | None = None,
     ) -> Pending:
         """Send ``calls`` (``payload``: their encoding, when a fan-out encoded them once for every master), on
         ``conn`` if given (from :meth:`checkout`; ``stale``: what :func:`.connection.stale_connections` said of
-        it), else on a connection from the pool."""
-        conn, hello = self._send(calls, payload, conn, stale)
+        it), else on a connection from the pool. ``by``: as :meth:`run`'s, for the checked hello of a new
+        connection."""
+        conn, hello = self._send(calls, payload, conn, stale, by)
         return Pending(conn, calls, hello)
 
     def _send(
@@ -136,6 +138,7 @@ class SyncNode:
         payload: bytes | None = None,
         conn: Connection | None = None,
         stale: bool | None = None,
+        by: float | None = None,
     ) -> tuple[Connection, int]:
         """:meth:`send`, without the :class:`Pending` (:meth:`run` needs none): the connection, and how many
         hello replies come before the calls' own."""
@@ -167,8 +170,7 @@ class SyncNode:
                 # reach a replica that a Sentinel still named as the master.
                 if self.state.strict or self.state.require_master:
                     conn.send(pack(commands))
-                    deadline = time.monotonic() + self.spec.options.timeout
-                    apply_hello(self.state, conn.read(len(commands), deadline))
+                    apply_hello(self.state, conn.read(len(commands), self.reply_deadline(by)))
                 else:
                     data, hello = pack(commands) + data, len(commands)
             conn.send(data)
@@ -218,26 +220,31 @@ class SyncNode:
         if idempotent:
             replies, _ = self.run_again_on_error(calls)
             return replies
-        conn, hello = self._send(calls)
-        deadline = time.monotonic() + self.spec.options.timeout
-        return self._receive(conn, calls, hello, deadline if by is None or by > deadline else by)
+        conn, hello = self._send(calls, by=by)
+        return self._receive(conn, calls, hello, self.reply_deadline(by))
 
-    def run_again_on_error(self, calls: Sequence[Call]) -> tuple[list[Any], bool]:
+    def reply_deadline(self, by: float | None = None) -> float:
+        """When a reply sent for now must have come: the node's ``timeout`` from now, or ``by`` if that is
+        sooner (monotonic instants)."""
+        deadline = time.monotonic() + self.spec.options.timeout
+        return deadline if by is None or by > deadline else by
+
+    def run_again_on_error(self, calls: Sequence[Call], by: float | None = None) -> tuple[list[Any], bool]:
         """Run idempotent calls, once more on a fresh connection after a connection error; and whether they
         may have run twice: the error came after they were sent, so the server may have run them and only the
-        reply was lost (a release retried then finds its own work done and must not read that as "not ours")."""
-        timeout = self.spec.options.timeout
+        reply was lost (a release retried then finds its own work done and must not read that as "not ours").
+        ``by``: as :meth:`run`'s, for every reply awaited."""
         try:
-            conn, hello = self._send(calls)
+            conn, hello = self._send(calls, by=by)
         except RedisConnectionError:  # nothing reached the server: a plain retry
-            conn, hello = self._send(calls)
-            return self._receive(conn, calls, hello, time.monotonic() + timeout), False
+            conn, hello = self._send(calls, by=by)
+            return self._receive(conn, calls, hello, self.reply_deadline(by)), False
         try:
-            return self._receive(conn, calls, hello, time.monotonic() + timeout), False
+            return self._receive(conn, calls, hello, self.reply_deadline(by)), False
         except RedisConnectionError:
             pass
-        conn, hello = self._send(calls)
-        return self._receive(conn, calls, hello, time.monotonic() + timeout), True
+        conn, hello = self._send(calls, by=by)
+        return self._receive(conn, calls, hello, self.reply_deadline(by)), True
 
     def abandon(self, pending: Pending | Connection) -> None:
         """Give back a connection whose replies will not be read (a fan-out interrupted half-way): it is

@@ -235,9 +235,9 @@ class SentinelDriver(RedisDriver):
         if self._where is None:
             self._run_on([Call(None, (), ("PING",))])
 
-    def _attempt(self, node: SyncNode, calls: Sequence[Call]) -> list[Any]:
+    def _attempt(self, node: SyncNode, calls: Sequence[Call], by: float | None) -> list[Any]:
         try:
-            pending = node.send(calls)
+            pending = node.send(calls, by=by)
         except AuthenticationError as exc:
             raise translate(node.spec, exc) from exc
         except RedisConnectionError as exc:  # refused, reset before sending, or ROLE said replica: nothing ran
@@ -245,7 +245,7 @@ class SentinelDriver(RedisDriver):
         except RedisError as exc:
             raise translate(node.spec, exc) from exc
         try:
-            replies = node.receive(pending, time.monotonic() + self.options.timeout)
+            replies = node.receive(pending, node.reply_deadline(by))
         except BusyLoadingError as exc:  # still loading its data set: it ran nothing
             raise _Again(exc, sent=False) from exc
         except RedisConnectionError as exc:
@@ -262,9 +262,10 @@ class SentinelDriver(RedisDriver):
             raise _Again(moved, sent=False)
         return replies
 
-    def _run_on(self, calls: Sequence[Call]) -> tuple[list[Any], int, bool]:
+    def _run_on(self, calls: Sequence[Call], by: float | None = None) -> tuple[list[Any], int, bool]:
         """The replies of ``calls`` from the master, that master's config epoch, and whether the calls may have
-        run twice (sent again after their connection broke under them)."""
+        run twice (sent again after their connection broke under them). ``by``: as :meth:`SyncNode.run`'s, an
+        acquire attempt's deadline for each reply (a paused master is reported by then, not by ``timeout``)."""
         give_up = time.monotonic() + self.target.options.failover_wait
         caller = _CALLER_GIVES_UP.get()
         if caller is not None:
@@ -283,7 +284,7 @@ class SentinelDriver(RedisDriver):
             if self._where is not None:
                 node, epoch = self._node, self._epoch
                 try:
-                    return self._attempt(node, calls), epoch, repeated
+                    return self._attempt(node, calls, by), epoch, repeated
                 except _Again as again:
                     repeated = repeated or again.sent
                     last = again.why
@@ -308,9 +309,9 @@ class SentinelDriver(RedisDriver):
         )
 
     def _run(self, calls: Sequence[Call], idempotent: bool, by: float | None = None) -> list[Any]:
-        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`); nor ``by``: an
-        acquire bounds its calls by its own deadline already (``_CALLER_GIVES_UP``, with ``failover_wait``)."""
-        replies, _, _ = self._run_on(calls)
+        """``idempotent`` is not needed here: every call may go again (see :meth:`_attempt`). ``by`` bounds each
+        reply; following a failover is bounded by the acquire's deadline too (``_CALLER_GIVES_UP``)."""
+        replies, _, _ = self._run_on(calls, by)
         return replies
 
     # -- fencing tokens lifted by the master's epoch -------------------------------------
@@ -394,7 +395,7 @@ class SentinelPermits(RedisPermits):
     def _send(
         self, calls: Sequence[Call], idempotent: bool, by: float | None = None
     ) -> tuple[list[Any], int, bool]:
-        return self._sentinel._run_on(calls)  # bounded by the Sentinel driver's own failover wait
+        return self._sentinel._run_on(calls, by)  # and by the Sentinel driver's own failover wait
 
     def _mark(self) -> tuple[int, int]:
         self._sentinel._located()
